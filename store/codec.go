@@ -1,0 +1,154 @@
+package store
+
+import (
+	"encoding/binary"
+	"errors"
+	"net/http"
+	"time"
+)
+
+// The binary record format shared by the backends that keep records as
+// opaque values (Redis, the file store). It is compact, holds the body as
+// raw bytes, and puts the owner token at a fixed offset so that a server
+// side script can compare it without decoding the rest:
+//
+//	0      magic 'I'
+//	1      state
+//	2:18   owner token  (TokenOffset)
+//	18:50  fingerprint
+//	50:58  created at, Unix nanoseconds, big endian
+//	58:60  status, big endian
+//	60     flags (bit 0: truncated)
+//	61:    uvarint-prefixed endpoint, uvarint header count, then per header
+//	       a prefixed name, a value count and prefixed values; the body is
+//	       the rest.
+const (
+	magic       = 'I'
+	TokenOffset = 2
+	fixedLen    = 61
+
+	flagTruncated = 1
+)
+
+// ErrCorrupt is returned by DecodeRecord for bytes it did not write.
+var ErrCorrupt = errors.New("corrupt idempotency record")
+
+// AppendRecord appends the encoding of rec to dst.
+func AppendRecord(dst []byte, rec *Record) []byte {
+	dst = append(dst, magic, byte(rec.State))
+	dst = append(dst, rec.Token[:]...)
+	dst = append(dst, rec.Fingerprint[:]...)
+	dst = binary.BigEndian.AppendUint64(dst, uint64(rec.CreatedAt.UnixNano()))
+	dst = binary.BigEndian.AppendUint16(dst, uint16(rec.Status))
+	var flags byte
+	if rec.Truncated {
+		flags |= flagTruncated
+	}
+	dst = append(dst, flags)
+	dst = appendString(dst, rec.Endpoint)
+	dst = binary.AppendUvarint(dst, uint64(len(rec.Header)))
+	for name, values := range rec.Header {
+		dst = appendString(dst, name)
+		dst = binary.AppendUvarint(dst, uint64(len(values)))
+		for _, v := range values {
+			dst = appendString(dst, v)
+		}
+	}
+	return append(dst, rec.Body...)
+}
+
+// AppendClaim appends the encoding of the in-progress record for c.
+func AppendClaim(dst []byte, c *Claim, now time.Time) []byte {
+	return AppendRecord(dst, &Record{
+		State:       InProgress,
+		Token:       c.Token,
+		Endpoint:    c.Endpoint,
+		Fingerprint: c.Fingerprint,
+		CreatedAt:   now,
+	})
+}
+
+func appendString(dst []byte, s string) []byte {
+	dst = binary.AppendUvarint(dst, uint64(len(s)))
+	return append(dst, s...)
+}
+
+// DecodeRecord decodes what AppendRecord wrote. The returned body aliases b.
+func DecodeRecord(b []byte) (*Record, error) {
+	if len(b) < fixedLen || b[0] != magic {
+		return nil, ErrCorrupt
+	}
+	rec := &Record{State: State(b[1])}
+	if rec.State != InProgress && rec.State != Completed {
+		return nil, ErrCorrupt
+	}
+	copy(rec.Token[:], b[TokenOffset:18])
+	copy(rec.Fingerprint[:], b[18:50])
+	rec.CreatedAt = time.Unix(0, int64(binary.BigEndian.Uint64(b[50:58])))
+	rec.Status = int(binary.BigEndian.Uint16(b[58:60]))
+	rec.Truncated = b[60]&flagTruncated != 0
+	d := decoder{b: b[fixedLen:]}
+	rec.Endpoint = d.string()
+	if n := d.count(); n > 0 {
+		rec.Header = make(http.Header, n)
+		for range n {
+			name := d.string()
+			values := make([]string, d.count())
+			for j := range values {
+				values[j] = d.string()
+			}
+			if d.err {
+				break
+			}
+			rec.Header[name] = values
+		}
+	}
+	if d.err {
+		return nil, ErrCorrupt
+	}
+	if len(d.b) > 0 {
+		rec.Body = d.b
+	}
+	return rec, nil
+}
+
+// decoder reads uvarint-prefixed fields and remembers the first error, so
+// that the caller checks once.
+type decoder struct {
+	b   []byte
+	err bool
+}
+
+func (d *decoder) uvarint() uint64 {
+	if d.err {
+		return 0
+	}
+	v, n := binary.Uvarint(d.b)
+	if n <= 0 {
+		d.err = true
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+// count reads an element count, bounded by the bytes left (every element
+// takes at least one byte), so corrupt input cannot make a huge allocation.
+func (d *decoder) count() int {
+	v := d.uvarint()
+	if v > uint64(len(d.b)) {
+		d.err = true
+		return 0
+	}
+	return int(v)
+}
+
+func (d *decoder) string() string {
+	n := d.count()
+	if d.err {
+		return ""
+	}
+	s := string(d.b[:n])
+	d.b = d.b[n:]
+	return s
+}

@@ -1,0 +1,132 @@
+// Package store defines what the idempotency handler needs from a backend:
+// an atomic claim of a key, and the completion or release of that claim by
+// its owner. Backends live in subpackages and register themselves as Caddy
+// modules in the http.idempotency.stores namespace.
+package store
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"net/http"
+	"time"
+)
+
+// Key identifies one idempotent operation in a store: the SHA-256 of the
+// request's scope and the client's Idempotency-Key. Its fixed size keeps
+// stored keys short whatever the client sends, and hides the raw key.
+type Key [32]byte
+
+// NewKey derives the store key for a client key within a scope (for example
+// the authenticated user). The scope is length-prefixed so that no pair of
+// scope and key can collide with another pair.
+func NewKey(scope, clientKey string) Key {
+	h := sha256.New()
+	var n [8]byte
+	l := uint64(len(scope))
+	for i := range n {
+		n[i] = byte(l >> (8 * i))
+	}
+	h.Write(n[:])
+	h.Write([]byte(scope))
+	h.Write([]byte(clientKey))
+	var k Key
+	h.Sum(k[:0])
+	return k
+}
+
+// String returns the key as 64 lowercase hex digits.
+func (k Key) String() string { return hex.EncodeToString(k[:]) }
+
+// Token identifies the owner of a claim. Only the holder of the token that
+// made a claim may renew, complete or release it, so a request whose lease
+// expired can never overwrite the work of the request that took over.
+type Token [16]byte
+
+// Fingerprint is the SHA-256 of what the request carries (its query and
+// body); a retry must carry the same.
+type Fingerprint [32]byte
+
+// State is the life-cycle stage of a record.
+type State uint8
+
+const (
+	// InProgress means a request holds the claim and is running.
+	InProgress State = 1
+	// Completed means the response is stored and is replayed to retries.
+	Completed State = 2
+)
+
+func (s State) String() string {
+	switch s {
+	case InProgress:
+		return "in_progress"
+	case Completed:
+		return "completed"
+	}
+	return "unknown"
+}
+
+// Record is what a store keeps for one key.
+type Record struct {
+	State State
+	// Token is the owner of an in-progress claim.
+	Token Token
+	// Endpoint is the method, host and path the key was first used with.
+	Endpoint string
+	// Fingerprint of the first request's query and body.
+	Fingerprint Fingerprint
+	// CreatedAt is when the key was claimed.
+	CreatedAt time.Time
+	// Status, Header and Body are the stored response of a completed record.
+	Status int
+	Header http.Header
+	Body   []byte
+	// Truncated marks a completed request whose response exceeded the
+	// handler's max_response_body: it ran, but cannot be replayed.
+	Truncated bool
+}
+
+// Claim describes the request that wants to own a key.
+type Claim struct {
+	Token       Token
+	Endpoint    string
+	Fingerprint Fingerprint
+	// Lease is how long the claim holds without renewal: if its owner
+	// dies, another request may take the key over once it has passed.
+	Lease time.Duration
+}
+
+// Store is an idempotency backend. Every method is safe for concurrent use,
+// and every method that takes a token acts only if that token still owns
+// the key's claim, atomically with the check.
+type Store interface {
+	// Acquire claims key for c if no live record exists (none, or an
+	// in-progress claim whose lease has passed, or a completed record past
+	// its TTL) and returns nil. Otherwise it returns the live record,
+	// unchanged, and c is not recorded.
+	Acquire(ctx context.Context, key Key, c *Claim) (*Record, error)
+
+	// Complete replaces the claim held by token with the completed record
+	// rec, kept for ttl. ErrNotOwner if token no longer holds the claim.
+	Complete(ctx context.Context, key Key, token Token, rec *Record, ttl time.Duration) error
+
+	// Release deletes the claim held by token, so that a retry runs anew.
+	// ErrNotOwner if token no longer holds the claim.
+	Release(ctx context.Context, key Key, token Token) error
+
+	// Renew extends the lease of the claim held by token to lease from
+	// now. ErrNotOwner if token no longer holds the claim.
+	Renew(ctx context.Context, key Key, token Token, lease time.Duration) error
+}
+
+var (
+	// ErrNotOwner is returned when the caller's claim expired and was taken
+	// over, completed or released by someone else.
+	ErrNotOwner = errors.New("claim is not held by this owner")
+
+	// ErrUnavailable wraps every failure of the backend itself (network,
+	// timeout, closed store); the handler answers it per on_store_error.
+	ErrUnavailable = errors.New("idempotency store unavailable")
+)
