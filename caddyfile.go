@@ -1,0 +1,154 @@
+package idempotency
+
+import (
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/dustin/go-humanize"
+)
+
+func init() {
+	httpcaddyfile.RegisterHandlerDirective("idempotency", parseCaddyfile)
+	// Inside authentication and compression, so the user is known and the
+	// stored response is what the handlers produced, uncompressed; outside
+	// every handler that produces a response (handle, respond,
+	// reverse_proxy, ...), so that it guards them.
+	httpcaddyfile.RegisterDirectiveOrder("idempotency", httpcaddyfile.After, "encode")
+}
+
+func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	handler := new(Handler)
+	err := handler.UnmarshalCaddyfile(h.Dispenser)
+	return handler, err
+}
+
+// UnmarshalCaddyfile sets up the handler from Caddyfile tokens:
+//
+//	idempotency [<matcher>] {
+//		key_header        <name>
+//		methods           <METHOD...>
+//		required
+//		scope             <template>
+//		ttl               <duration>
+//		lock_timeout      <duration>
+//		max_request_body  <size>
+//		max_response_body <size>
+//		on_store_error    fail_closed | fail_open
+//		replay_header     <name>
+//		store             <module> [{ ... }]
+//	}
+//
+// Every option may appear once.
+func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // the directive name
+	if d.NextArg() {
+		return d.Errf("unexpected argument '%s': options go in a block", d.Val())
+	}
+	seen := make(map[string]bool)
+	for d.NextBlock(0) {
+		opt := d.Val()
+		if seen[opt] {
+			return d.Errf("%s already specified", opt)
+		}
+		seen[opt] = true
+		var err error
+		switch opt {
+		case "key_header":
+			h.KeyHeader, err = oneArg(d)
+		case "replay_header":
+			h.ReplayHeader, err = oneArg(d)
+		case "scope":
+			h.Scope, err = oneArg(d)
+		case "methods":
+			h.Methods = d.RemainingArgs()
+			if len(h.Methods) == 0 {
+				return d.Errf("methods: want at least one method")
+			}
+		case "required":
+			if d.NextArg() {
+				return d.Errf("required takes no argument, got '%s'", d.Val())
+			}
+			h.Required = true
+		case "ttl":
+			h.TTL, err = durationArg(d)
+		case "lock_timeout":
+			h.LockTimeout, err = durationArg(d)
+		case "max_request_body":
+			h.MaxRequestBody, err = sizeArg(d)
+		case "max_response_body":
+			h.MaxResponseBody, err = sizeArg(d)
+		case "on_store_error":
+			h.OnStoreError, err = oneArg(d)
+			if err == nil && h.OnStoreError != failClosed && h.OnStoreError != failOpen {
+				return d.Errf("on_store_error: want fail_closed or fail_open, got '%s'", h.OnStoreError)
+			}
+		case "store":
+			err = h.unmarshalStore(d)
+		default:
+			return d.Errf("unrecognized subdirective '%s'", opt)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// unmarshalStore loads the store module named by the next token and lets it
+// parse its own block, the way reverse_proxy loads its transport.
+func (h *Handler) unmarshalStore(d *caddyfile.Dispenser) error {
+	if !d.NextArg() {
+		return d.Errf("store: want a store name (memory, redis, ...)")
+	}
+	name := d.Val()
+	unm, err := caddyfile.UnmarshalModule(d, "http.idempotency.stores."+name)
+	if err != nil {
+		return err
+	}
+	h.StoreRaw = caddyconfig.JSONModuleObject(unm, "module", name, nil)
+	return nil
+}
+
+func oneArg(d *caddyfile.Dispenser) (string, error) {
+	opt := d.Val()
+	if !d.NextArg() {
+		return "", d.Errf("%s: missing value", opt)
+	}
+	val := d.Val()
+	if d.NextArg() {
+		return "", d.Errf("%s: want one value, got extra '%s'", opt, d.Val())
+	}
+	return val, nil
+}
+
+func durationArg(d *caddyfile.Dispenser) (caddy.Duration, error) {
+	opt := d.Val()
+	val, err := oneArg(d)
+	if err != nil {
+		return 0, err
+	}
+	dur, err := caddy.ParseDuration(val)
+	if err != nil || dur <= 0 {
+		return 0, d.Errf("%s: invalid duration '%s'", opt, val)
+	}
+	return caddy.Duration(dur), nil
+}
+
+func sizeArg(d *caddyfile.Dispenser) (int64, error) {
+	opt := d.Val()
+	val, err := oneArg(d)
+	if err != nil {
+		return 0, err
+	}
+	n, err := humanize.ParseBytes(val)
+	if err != nil || n == 0 || n > 1<<40 {
+		return 0, d.Errf("%s: invalid size '%s' (want for example 1MiB)", opt, val)
+	}
+	return int64(n), nil
+}
+
+var (
+	_ caddyfile.Unmarshaler = (*Handler)(nil)
+)

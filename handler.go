@@ -1,0 +1,317 @@
+package idempotency
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/caddy-idempotency/caddy-idempotency/store"
+)
+
+// Values of the {http.idempotency.result} placeholder.
+const (
+	resultNew      = "new"      // this request claimed the key and ran
+	resultReplay   = "replay"   // answered from the store
+	resultConflict = "conflict" // refused: the first request is still running
+	resultMismatch = "mismatch" // refused: the key belongs to another request
+	resultBypass   = "bypass"   // no key on a route that does not require one
+	resultInvalid  = "invalid"  // refused: missing, malformed or repeated key
+	resultTooLarge = "too_large"
+	resultError    = "error" // the store failed (503, or passed through with fail_open)
+)
+
+// storeOpTimeout bounds the store calls made after the response was sent,
+// which no client context limits.
+const storeOpTimeout = 5 * time.Second
+
+var trueValue = []string{"true"}
+
+// ServeHTTP implements caddyhttp.MiddlewareHandler.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	if !h.covers(r.Method) {
+		return next.ServeHTTP(w, r)
+	}
+	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+
+	// The key is validated before anything touches the store.
+	values := r.Header[h.keyField]
+	switch {
+	case len(values) == 0 && h.Required:
+		return h.refuse(w, repl, resultInvalid, h.problems.missing)
+	case len(values) == 0:
+		repl.Set("http.idempotency.result", resultBypass)
+		return next.ServeHTTP(w, r)
+	case len(values) > 1:
+		return h.refuse(w, repl, resultInvalid, h.problems.repeated)
+	}
+	clientKey, ok := parseKey(values[0])
+	if !ok {
+		return h.refuse(w, repl, resultInvalid, h.problems.invalid)
+	}
+
+	body, tooLarge, err := h.readBody(r)
+	if err != nil {
+		return caddyhttp.Error(http.StatusBadRequest, err)
+	}
+	if tooLarge {
+		return h.refuse(w, repl, resultTooLarge, h.problems.tooLarge)
+	}
+	defer putBuffer(body)
+
+	key := store.NewKey(repl.ReplaceAll(h.Scope, ""), clientKey)
+	repl.Set("http.idempotency.key", key.String())
+	claim := &store.Claim{
+		Token:       newToken(),
+		Endpoint:    endpoint(r),
+		Fingerprint: fingerprint(r.URL.RawQuery, body),
+		Lease:       time.Duration(h.LockTimeout),
+	}
+	rec, err := h.store.Acquire(r.Context(), key, claim)
+	switch {
+	case err != nil:
+		return h.storeFailed(w, r, repl, next, key, err)
+	case rec != nil:
+		return h.answerFromRecord(w, repl, rec, claim)
+	}
+	repl.Set("http.idempotency.result", resultNew)
+	return h.execute(w, r, next, key, claim)
+}
+
+func (h *Handler) covers(method string) bool {
+	for _, m := range h.Methods {
+		if m == method {
+			return true
+		}
+	}
+	return false
+}
+
+func (h *Handler) refuse(w http.ResponseWriter, repl *caddy.Replacer, result string, p *problem) error {
+	repl.Set("http.idempotency.result", result)
+	p.write(w)
+	return nil
+}
+
+// readBody buffers the request body so that it can be fingerprinted, and
+// puts back an identical body for the next handler. It refuses to read more
+// than MaxRequestBody.
+func (h *Handler) readBody(r *http.Request) (buf *bytes.Buffer, tooLarge bool, err error) {
+	if r.ContentLength > h.MaxRequestBody {
+		return nil, true, nil
+	}
+	if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 {
+		return nil, false, nil
+	}
+	buf = bufPool.Get().(*bytes.Buffer)
+	if r.ContentLength > 0 {
+		buf.Grow(int(r.ContentLength))
+	}
+	_, err = buf.ReadFrom(io.LimitReader(r.Body, h.MaxRequestBody+1))
+	if err != nil {
+		putBuffer(buf)
+		return nil, false, err
+	}
+	if int64(buf.Len()) > h.MaxRequestBody {
+		putBuffer(buf)
+		return nil, true, nil
+	}
+	r.Body.Close()
+	r.Body = &bufferedBody{Reader: bytes.NewReader(buf.Bytes())}
+	return buf, false, nil
+}
+
+type bufferedBody struct{ *bytes.Reader }
+
+func (bufferedBody) Close() error { return nil }
+
+// endpoint is what a key is bound to besides its payload.
+func endpoint(r *http.Request) string {
+	return r.Method + " " + strings.ToLower(r.Host) + r.URL.Path
+}
+
+// fingerprint hashes what the request carries: its query and its body. The
+// query is length-prefixed so no query and body can pass for another pair.
+func fingerprint(query string, body *bytes.Buffer) store.Fingerprint {
+	d := sha256.New()
+	var n [8]byte
+	binary.BigEndian.PutUint64(n[:], uint64(len(query)))
+	d.Write(n[:])
+	io.WriteString(d, query)
+	if body != nil {
+		d.Write(body.Bytes())
+	}
+	var fp store.Fingerprint
+	d.Sum(fp[:0])
+	return fp
+}
+
+// answerFromRecord answers a request whose key already has a live record.
+func (h *Handler) answerFromRecord(w http.ResponseWriter, repl *caddy.Replacer, rec *store.Record, c *store.Claim) error {
+	switch {
+	case rec.Endpoint != c.Endpoint:
+		return h.refuse(w, repl, resultMismatch, h.problems.otherEndpoint)
+	case rec.Fingerprint != c.Fingerprint:
+		return h.refuse(w, repl, resultMismatch, h.problems.otherPayload)
+	case rec.State == store.InProgress:
+		return h.refuse(w, repl, resultConflict, h.problems.outstanding)
+	case rec.Truncated:
+		return h.refuse(w, repl, resultReplay, h.problems.unreplayable)
+	}
+	repl.Set("http.idempotency.result", resultReplay)
+	hdr := w.Header()
+	for name, values := range rec.Header {
+		// Clip the slice: a later handler appending to a header must not
+		// write into a record that other replays share.
+		hdr[name] = values[:len(values):len(values)]
+	}
+	hdr[h.ReplayHeader] = trueValue
+	hdr["Content-Length"] = []string{strconv.Itoa(len(rec.Body))}
+	w.WriteHeader(rec.Status)
+	_, err := w.Write(rec.Body)
+	if err != nil {
+		// the client left during a replay; it can retry again
+		panic(http.ErrAbortHandler)
+	}
+	return nil
+}
+
+func (h *Handler) storeFailed(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, next caddyhttp.Handler, key store.Key, err error) error {
+	repl.Set("http.idempotency.result", resultError)
+	if h.OnStoreError == failOpen {
+		h.logger.Warn("idempotency store unavailable; passing the request through unprotected (fail_open)",
+			zap.String("key_hash", key.String()), zap.Error(err))
+		return next.ServeHTTP(w, r)
+	}
+	h.logger.Error("idempotency store unavailable; refusing the request (fail_closed)",
+		zap.String("key_hash", key.String()), zap.Error(err))
+	h.problems.storeUnavailable.write(w)
+	return nil
+}
+
+// execute runs the request as the owner of the key's claim and stores what
+// it answered.
+func (h *Handler) execute(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, key store.Key, c *store.Claim) (err error) {
+	rw := newRecorder(w, h.MaxResponseBody)
+	defer rw.free()
+	hb := h.startHeartbeat(key, c.Token)
+	defer func() {
+		if p := recover(); p != nil {
+			hb.stop()
+			h.finish(key, c, rw, nil, true)
+			panic(p)
+		}
+	}()
+	// The client's disconnect must not cancel the work it asked for: the
+	// upstream runs to completion and its answer is stored for the retry.
+	// Values (replacer, vars, logger) are kept.
+	r = r.WithContext(context.WithoutCancel(r.Context()))
+	err = next.ServeHTTP(rw, r)
+	hb.stop() // before finishing, so a last renewal cannot race the release
+	h.finish(key, c, rw, err, false)
+	return err
+}
+
+// finish stores the response of a claimed request, or releases the claim
+// when a retry should run the request anew.
+func (h *Handler) finish(key store.Key, c *store.Claim, rw *recorder, handlerErr error, aborted bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), storeOpTimeout)
+	defer cancel()
+
+	status := rw.status
+	if !rw.wroteHeader {
+		if handlerErr != nil || aborted {
+			// Nothing was answered: Caddy's error handling will, and the
+			// retry runs again.
+			h.release(ctx, key, c.Token, "handler failed before responding")
+			return
+		}
+		status = http.StatusOK // the server answers an empty 200
+	}
+	if status >= 500 {
+		// 5xx answers are not stored: the error may be transient.
+		h.release(ctx, key, c.Token, "server error response")
+		return
+	}
+	rec := &store.Record{Status: status, Header: rw.header, Body: rw.body()}
+	if aborted || rw.overflow {
+		// The upstream answered, so it did the work: never run it again,
+		// but there is no whole response to replay.
+		rec.Header, rec.Body, rec.Truncated = nil, nil, true
+	}
+	err := h.store.Complete(ctx, key, c.Token, rec, time.Duration(h.TTL))
+	switch {
+	case errors.Is(err, store.ErrNotOwner):
+		h.logger.Error("claim was lost before the response could be stored: the lease passed and another request took the key over; raise lock_timeout",
+			zap.String("key_hash", key.String()))
+	case err != nil:
+		h.logger.Error("storing the response failed; a retry after the lease passes will run the request again",
+			zap.String("key_hash", key.String()), zap.Error(err))
+	}
+}
+
+func (h *Handler) release(ctx context.Context, key store.Key, tok store.Token, why string) {
+	err := h.store.Release(ctx, key, tok)
+	if err != nil && !errors.Is(err, store.ErrNotOwner) {
+		h.logger.Error("releasing the claim failed; retries get 409 until the lease passes",
+			zap.String("key_hash", key.String()), zap.String("reason", why), zap.Error(err))
+	}
+}
+
+// heartbeat renews a claim every third of its lease while the request runs,
+// so that a slow request is never run twice, while a dead owner's claim
+// still frees itself within one lease. Requests shorter than a third of the
+// lease never renew.
+type heartbeat struct {
+	mu      sync.Mutex
+	timer   *time.Timer
+	stopped bool
+}
+
+func (h *Handler) startHeartbeat(key store.Key, tok store.Token) *heartbeat {
+	lease := time.Duration(h.LockTimeout)
+	every := lease / 3
+	hb := new(heartbeat)
+	hb.mu.Lock()
+	defer hb.mu.Unlock()
+	hb.timer = time.AfterFunc(every, func() {
+		ctx, cancel := context.WithTimeout(context.Background(), every)
+		err := h.store.Renew(ctx, key, tok, lease)
+		cancel()
+		hb.mu.Lock()
+		defer hb.mu.Unlock()
+		if hb.stopped {
+			return
+		}
+		switch {
+		case err == nil:
+			hb.timer.Reset(every)
+		case errors.Is(err, store.ErrNotOwner):
+			h.logger.Error("claim lost while the request runs; a duplicate may run it too",
+				zap.String("key_hash", key.String()))
+		default:
+			// keep trying: the lease still holds for two more periods
+			h.logger.Warn("renewing the claim failed", zap.String("key_hash", key.String()), zap.Error(err))
+			hb.timer.Reset(every)
+		}
+	})
+	return hb
+}
+
+func (hb *heartbeat) stop() {
+	hb.mu.Lock()
+	hb.stopped = true
+	hb.timer.Stop()
+	hb.mu.Unlock()
+}

@@ -1,0 +1,65 @@
+package idempotency
+
+// maxKeyLen follows Stripe: long enough for any UUID or ULID scheme, short
+// enough that a key can never be used to stuff data into the store.
+const maxKeyLen = 255
+
+// parseKey validates an Idempotency-Key field value and returns the key. The
+// IETF draft makes the field an RFC 8941 sf-string ("abc"), while most
+// clients send the bare characters (abc): both spell the same key. A key is
+// 1 to 255 visible ASCII characters; anything else is refused before the
+// store sees it.
+func parseKey(v string) (string, bool) {
+	if len(v) > 0 && v[0] == '"' {
+		return parseSFString(v)
+	}
+	if len(v) == 0 || len(v) > maxKeyLen {
+		return "", false
+	}
+	for i := 0; i < len(v); i++ {
+		if !visible(v[i]) {
+			return "", false
+		}
+	}
+	return v, true
+}
+
+// parseSFString decodes an RFC 8941 sf-string that must make up the whole
+// value (parameters are refused: the draft gives the field none). Escapes
+// are rare, so the common case returns a substring without allocating.
+func parseSFString(v string) (string, bool) {
+	var out []byte // allocated only if an escape appears
+	start := 1
+	for i := 1; i < len(v); i++ {
+		c := v[i]
+		switch {
+		case c == '\\':
+			if i+1 >= len(v) || (v[i+1] != '"' && v[i+1] != '\\') {
+				return "", false
+			}
+			out = append(out, v[start:i]...)
+			i++
+			start = i
+		case c == '"':
+			if i != len(v)-1 {
+				return "", false
+			}
+			var key string
+			if out == nil {
+				key = v[start:i]
+			} else {
+				key = string(append(out, v[start:i]...))
+			}
+			if len(key) == 0 || len(key) > maxKeyLen {
+				return "", false
+			}
+			return key, true
+		case !visible(c):
+			// sf-strings allow spaces, but a key is visible characters only
+			return "", false
+		}
+	}
+	return "", false // unterminated
+}
+
+func visible(c byte) bool { return c > ' ' && c < 0x7f }

@@ -1,0 +1,235 @@
+// Package idempotency is a Caddy HTTP handler that makes write endpoints
+// safe to retry with the Idempotency-Key header: the first request with a
+// key runs once, its retries get the stored response, a concurrent
+// duplicate is refused, and a key reused for another request is rejected.
+package idempotency
+
+import (
+	"crypto/rand"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/textproto"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/caddy-idempotency/caddy-idempotency/store"
+	_ "github.com/caddy-idempotency/caddy-idempotency/store/memory" // the default store
+	_ "github.com/caddy-idempotency/caddy-idempotency/store/redis"
+)
+
+func init() {
+	caddy.RegisterModule(Handler{})
+}
+
+// Defaults, as documented in the README.
+const (
+	defaultKeyHeader    = "Idempotency-Key"
+	defaultScope        = "{http.auth.user.id}"
+	defaultTTL          = 24 * time.Hour
+	defaultLockTimeout  = 30 * time.Second
+	defaultMaxBody      = 1 << 20
+	defaultReplayHeader = "Idempotent-Replayed"
+	failClosed          = "fail_closed"
+	failOpen            = "fail_open"
+)
+
+var defaultMethods = []string{http.MethodPost, http.MethodPatch}
+
+// Handler implements the Idempotency-Key protocol in front of the handlers
+// that follow it in the route (typically reverse_proxy).
+type Handler struct {
+	// KeyHeader is the request header that carries the key.
+	// Default: Idempotency-Key.
+	KeyHeader string `json:"key_header,omitempty"`
+
+	// Methods are the request methods made idempotent; requests with other
+	// methods pass through untouched, even if they carry a key.
+	// Default: POST, PATCH.
+	Methods []string `json:"methods,omitempty"`
+
+	// Required refuses requests without a key with 400. Without it,
+	// requests without a key pass through unprotected.
+	Required bool `json:"required,omitempty"`
+
+	// Scope is a template of Caddy placeholders, expanded per request and
+	// combined with the key, so that clients with the same key never share
+	// a record. Default: {http.auth.user.id} (the authenticated user; empty,
+	// hence one shared scope, when the route has no authentication).
+	Scope string `json:"scope,omitempty"`
+
+	// TTL is how long a completed response is replayed. Default: 24h.
+	TTL caddy.Duration `json:"ttl,omitempty"`
+
+	// LockTimeout is the lease of an in-flight claim: while the request
+	// runs it is renewed every third of this; if its owner dies, a retry
+	// takes the key over once the lease has passed. Default: 30s.
+	LockTimeout caddy.Duration `json:"lock_timeout,omitempty"`
+
+	// MaxRequestBody is the largest request body, in bytes, that is
+	// fingerprinted; larger bodies get 413. Default: 1048576 (1 MiB).
+	MaxRequestBody int64 `json:"max_request_body,omitempty"`
+
+	// MaxResponseBody is the largest response body, in bytes, that is
+	// stored. Larger responses stream to the client in full, and retries of
+	// their key get a 409 problem instead of a replay. Default: 1048576.
+	MaxResponseBody int64 `json:"max_response_body,omitempty"`
+
+	// OnStoreError is what happens when the store cannot be reached:
+	// fail_closed answers 503 with Retry-After and runs nothing; fail_open
+	// runs the request unprotected and logs it. Default: fail_closed.
+	OnStoreError string `json:"on_store_error,omitempty"`
+
+	// ReplayHeader is the response header set to "true" on replays.
+	// Default: Idempotent-Replayed.
+	ReplayHeader string `json:"replay_header,omitempty"`
+
+	// StoreRaw is the store backend, a module in the
+	// http.idempotency.stores namespace. Default: memory.
+	StoreRaw json.RawMessage `json:"store,omitempty" caddy:"namespace=http.idempotency.stores inline_key=module"`
+
+	store    store.Store
+	logger   *zap.Logger
+	keyField string // canonical form of KeyHeader, to index the header map
+	problems problems
+}
+
+// CaddyModule returns the Caddy module information.
+func (Handler) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.idempotency",
+		New: func() caddy.Module { return new(Handler) },
+	}
+}
+
+// Provision sets defaults and loads the store.
+func (h *Handler) Provision(ctx caddy.Context) error {
+	h.logger = ctx.Logger()
+	if h.KeyHeader == "" {
+		h.KeyHeader = defaultKeyHeader
+	}
+	h.keyField = textproto.CanonicalMIMEHeaderKey(h.KeyHeader)
+	if len(h.Methods) == 0 {
+		h.Methods = defaultMethods
+	}
+	for i, m := range h.Methods {
+		h.Methods[i] = strings.ToUpper(m)
+	}
+	if h.Scope == "" {
+		h.Scope = defaultScope
+	}
+	if h.TTL == 0 {
+		h.TTL = caddy.Duration(defaultTTL)
+	}
+	if h.LockTimeout == 0 {
+		h.LockTimeout = caddy.Duration(defaultLockTimeout)
+	}
+	if h.MaxRequestBody == 0 {
+		h.MaxRequestBody = defaultMaxBody
+	}
+	if h.MaxResponseBody == 0 {
+		h.MaxResponseBody = defaultMaxBody
+	}
+	if h.OnStoreError == "" {
+		h.OnStoreError = failClosed
+	}
+	if h.ReplayHeader == "" {
+		h.ReplayHeader = defaultReplayHeader
+	}
+	h.ReplayHeader = textproto.CanonicalMIMEHeaderKey(h.ReplayHeader)
+	h.problems = newProblems(h.KeyHeader, h.MaxRequestBody)
+
+	if h.StoreRaw == nil {
+		h.StoreRaw = json.RawMessage(`{"module":"memory"}`)
+		h.logger.Warn("no store configured: using the memory store, which is not shared across instances and forgets every key when Caddy stops; configure 'store redis' to run several instances")
+	}
+	mod, err := ctx.LoadModule(h, "StoreRaw")
+	if err != nil {
+		return fmt.Errorf("loading idempotency store: %w", err)
+	}
+	s, ok := mod.(store.Store)
+	if !ok {
+		return fmt.Errorf("module %T is not an idempotency store", mod)
+	}
+	h.store = s
+	return nil
+}
+
+// Validate checks the configuration without I/O.
+func (h *Handler) Validate() error {
+	if !validToken(h.KeyHeader) {
+		return fmt.Errorf("key_header: invalid header name %q", h.KeyHeader)
+	}
+	if !validToken(h.ReplayHeader) {
+		return fmt.Errorf("replay_header: invalid header name %q", h.ReplayHeader)
+	}
+	for _, m := range h.Methods {
+		if !validToken(m) {
+			return fmt.Errorf("methods: invalid method %q", m)
+		}
+	}
+	if h.TTL <= 0 {
+		return fmt.Errorf("ttl must be positive: %v", time.Duration(h.TTL))
+	}
+	if h.LockTimeout < caddy.Duration(time.Second) {
+		return fmt.Errorf("lock_timeout must be at least 1s: %v", time.Duration(h.LockTimeout))
+	}
+	if h.MaxRequestBody <= 0 {
+		return fmt.Errorf("max_request_body must be positive: %d", h.MaxRequestBody)
+	}
+	if h.MaxResponseBody <= 0 {
+		return fmt.Errorf("max_response_body must be positive: %d", h.MaxResponseBody)
+	}
+	if h.OnStoreError != failClosed && h.OnStoreError != failOpen {
+		return fmt.Errorf("on_store_error: want fail_closed or fail_open, got %q", h.OnStoreError)
+	}
+	return nil
+}
+
+// validToken reports whether s is an RFC 9110 token (a header name or a
+// method).
+func validToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c <= ' ' || c >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) >= 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// Owner tokens are a random per-process prefix and a counter: unique across
+// instances without a random read per request.
+var (
+	tokenPrefix  [8]byte
+	tokenCounter atomic.Uint64
+)
+
+func init() {
+	rand.Read(tokenPrefix[:])
+}
+
+func newToken() store.Token {
+	var t store.Token
+	copy(t[:8], tokenPrefix[:])
+	n := tokenCounter.Add(1)
+	for i := range 8 {
+		t[8+i] = byte(n >> (8 * i))
+	}
+	return t
+}
+
+// Interface guards
+var (
+	_ caddy.Provisioner           = (*Handler)(nil)
+	_ caddy.Validator             = (*Handler)(nil)
+	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
+)

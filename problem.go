@@ -1,0 +1,86 @@
+package idempotency
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+)
+
+// docsURL anchors problem types in the README, which documents each answer;
+// the IETF draft asks a deployment to link its own idempotency policy.
+const docsURL = "https://github.com/caddy-idempotency/caddy-idempotency#"
+
+// problem is an RFC 9457 problem details answer, rendered once at provision
+// time so that refusing a request costs no encoding.
+type problem struct {
+	status     int
+	retryAfter []string
+	body       []byte
+}
+
+func newProblem(status int, anchor, title, detail string, retryAfter int) *problem {
+	body, err := json.Marshal(struct {
+		Type   string `json:"type"`
+		Title  string `json:"title"`
+		Status int    `json:"status"`
+		Detail string `json:"detail"`
+	}{docsURL + anchor, title, status, detail})
+	if err != nil {
+		panic(err) // only strings and an int: cannot fail
+	}
+	p := &problem{status: status, body: body}
+	if retryAfter > 0 {
+		p.retryAfter = []string{strconv.Itoa(retryAfter)}
+	}
+	return p
+}
+
+var (
+	problemContentType = []string{"application/problem+json"}
+	noSniff            = []string{"nosniff"}
+)
+
+func (p *problem) write(w http.ResponseWriter) {
+	h := w.Header()
+	h["Content-Type"] = problemContentType
+	h["X-Content-Type-Options"] = noSniff
+	h["Content-Length"] = []string{strconv.Itoa(len(p.body))}
+	if p.retryAfter != nil {
+		h["Retry-After"] = p.retryAfter
+	}
+	w.WriteHeader(p.status)
+	w.Write(p.body)
+}
+
+// problems holds every answer a handler gives on its own; their details
+// name the handler's configured key header.
+type problems struct {
+	missing, invalid, repeated     *problem
+	tooLarge                       *problem
+	outstanding                    *problem
+	otherEndpoint, otherPayload    *problem
+	unreplayable, storeUnavailable *problem
+}
+
+func newProblems(header string, maxRequestBody int64) problems {
+	return problems{
+		missing: newProblem(400, "missing-key", "Idempotency-Key is missing",
+			"This operation is idempotent and requires the "+header+" request header.", 0),
+		invalid: newProblem(400, "invalid-key", "Idempotency-Key is invalid",
+			"The "+header+" header must be 1 to 255 visible ASCII characters, bare or as a quoted string.", 0),
+		repeated: newProblem(400, "invalid-key", "Idempotency-Key is invalid",
+			"The "+header+" header must appear exactly once.", 0),
+		tooLarge: newProblem(413, "request-too-large", "Request body too large",
+			"An idempotent request body may be at most "+strconv.FormatInt(maxRequestBody, 10)+" bytes.", 0),
+		outstanding: newProblem(409, "outstanding", "A request is outstanding for this Idempotency-Key",
+			"The first request with this key is still being processed. Retry later with the same key.", 1),
+		otherEndpoint: newProblem(422, "key-reused", "Idempotency-Key is already used",
+			"This key was used for a request to another endpoint. Use a new key for a new operation.", 0),
+		otherPayload: newProblem(422, "key-reused", "Idempotency-Key is already used",
+			"This key was used for a request with a different payload. Use a new key for a new operation.", 0),
+		unreplayable: newProblem(409, "unreplayable", "The response for this Idempotency-Key cannot be replayed",
+			"The request with this key was processed, but its response was too large or incomplete to be stored. Do not retry it; look the result up instead.", 0),
+		storeUnavailable: newProblem(503, "store-unavailable", "Idempotency store unavailable",
+			"The request was not processed because its idempotency could not be guaranteed. Retry later with the same key.", 2),
+	}
+}

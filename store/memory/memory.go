@@ -1,0 +1,168 @@
+// Package memory is the embedded idempotency store: a bounded map inside the
+// Caddy process. It needs nothing to run, but it is not shared between
+// instances and forgets every key when the process exits.
+package memory
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/dustin/go-humanize"
+
+	"github.com/caddy-idempotency/caddy-idempotency/store"
+)
+
+func init() {
+	caddy.RegisterModule(Memory{})
+}
+
+const (
+	defaultMaxEntries = 100_000
+	defaultMaxBytes   = 256 << 20
+	sweepInterval     = time.Minute
+	// entryOverhead approximates what one record costs beyond its body and
+	// headers (map slot, struct, list element), so max_bytes stays honest
+	// for many small records.
+	entryOverhead = 256
+)
+
+// tables keeps the maps alive across config reloads: a reload must not
+// forget the keys of requests that are running or just completed.
+var tables = caddy.NewUsagePool()
+
+// Memory keeps idempotency records in the Caddy process. When full, the
+// oldest completed records are evicted first; in-flight claims never are.
+type Memory struct {
+	// MaxEntries bounds the number of records kept. Default: 100000.
+	MaxEntries int `json:"max_entries,omitempty"`
+	// MaxBytes bounds the memory that stored responses may use, in bytes.
+	// Default: 268435456 (256 MiB).
+	MaxBytes int64 `json:"max_bytes,omitempty"`
+
+	tab     *table
+	poolKey string
+}
+
+// CaddyModule returns the Caddy module information.
+func (Memory) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.idempotency.stores.memory",
+		New: func() caddy.Module { return new(Memory) },
+	}
+}
+
+// Provision sets defaults and attaches to the process-wide table with the
+// same limits, creating it if this is the first config to use it.
+func (m *Memory) Provision(caddy.Context) error {
+	if m.MaxEntries == 0 {
+		m.MaxEntries = defaultMaxEntries
+	}
+	if m.MaxBytes == 0 {
+		m.MaxBytes = defaultMaxBytes
+	}
+	m.poolKey = fmt.Sprintf("memory/%d/%d", m.MaxEntries, m.MaxBytes)
+	val, _, err := tables.LoadOrNew(m.poolKey, func() (caddy.Destructor, error) {
+		return newTable(m.MaxEntries, m.MaxBytes), nil
+	})
+	if err != nil {
+		return err
+	}
+	m.tab = val.(*table)
+	return nil
+}
+
+// Validate checks the limits.
+func (m *Memory) Validate() error {
+	if m.MaxEntries < 0 {
+		return fmt.Errorf("max_entries must not be negative: %d", m.MaxEntries)
+	}
+	if m.MaxBytes < 0 {
+		return fmt.Errorf("max_bytes must not be negative: %d", m.MaxBytes)
+	}
+	return nil
+}
+
+// Cleanup detaches from the table; the last user stops its sweeper.
+func (m *Memory) Cleanup() error {
+	if m.tab == nil {
+		return nil
+	}
+	m.tab = nil
+	_, err := tables.Delete(m.poolKey)
+	return err
+}
+
+// UnmarshalCaddyfile sets up the store from Caddyfile tokens:
+//
+//	store memory {
+//		max_entries <n>
+//		max_bytes   <size>
+//	}
+func (m *Memory) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // the module name
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	for d.NextBlock(0) {
+		opt := d.Val()
+		if !d.NextArg() {
+			return d.ArgErr()
+		}
+		val := d.Val()
+		if d.NextArg() {
+			return d.ArgErr()
+		}
+		switch opt {
+		case "max_entries":
+			if m.MaxEntries != 0 {
+				return d.Errf("max_entries already specified")
+			}
+			n, err := strconv.Atoi(val)
+			if err != nil || n <= 0 {
+				return d.Errf("invalid max_entries '%s': want a positive integer", val)
+			}
+			m.MaxEntries = n
+		case "max_bytes":
+			if m.MaxBytes != 0 {
+				return d.Errf("max_bytes already specified")
+			}
+			n, err := humanize.ParseBytes(val)
+			if err != nil || n == 0 || n > 1<<62 {
+				return d.Errf("invalid max_bytes '%s': want a size such as 256MiB", val)
+			}
+			m.MaxBytes = int64(n)
+		default:
+			return d.Errf("unrecognized subdirective '%s'", opt)
+		}
+	}
+	return nil
+}
+
+func (m *Memory) Acquire(_ context.Context, k store.Key, c *store.Claim) (*store.Record, error) {
+	return m.tab.acquire(k, c)
+}
+
+func (m *Memory) Complete(_ context.Context, k store.Key, tok store.Token, rec *store.Record, ttl time.Duration) error {
+	return m.tab.complete(k, tok, rec, ttl)
+}
+
+func (m *Memory) Release(_ context.Context, k store.Key, tok store.Token) error {
+	return m.tab.release(k, tok)
+}
+
+func (m *Memory) Renew(_ context.Context, k store.Key, tok store.Token, lease time.Duration) error {
+	return m.tab.renew(k, tok, lease)
+}
+
+// Interface guards
+var (
+	_ store.Store           = (*Memory)(nil)
+	_ caddy.Provisioner     = (*Memory)(nil)
+	_ caddy.Validator       = (*Memory)(nil)
+	_ caddy.CleanerUpper    = (*Memory)(nil)
+	_ caddyfile.Unmarshaler = (*Memory)(nil)
+)

@@ -1,0 +1,489 @@
+// Package redis is the Redis backend of the idempotency handler. Each store
+// method is one round trip: Acquire is a single SET NX GET, and the calls
+// that must check the owner token are short server-side scripts.
+package redis
+
+import (
+	"cmp"
+	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	goredis "github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/caddy-idempotency/caddy-idempotency/store"
+)
+
+func init() {
+	caddy.RegisterModule(Store{})
+}
+
+// Defaults are short so that a dead Redis costs a request little time:
+// the handler then answers per its on_store_error policy.
+const (
+	defaultAddress      = "127.0.0.1:6379"
+	defaultKeyPrefix    = "idempotency"
+	defaultDialTimeout  = 2 * time.Second
+	defaultReadTimeout  = time.Second
+	defaultWriteTimeout = time.Second
+	provisionPing       = time.Second
+)
+
+// Store keeps idempotency records in Redis: a single node, a Sentinel
+// group or a Cluster.
+type Store struct {
+	// Addresses of the Redis servers as host:port. One address is a single
+	// node; several are the seeds of a Cluster, or the Sentinels when
+	// master_name is set. Default: 127.0.0.1:6379.
+	Addresses []string `json:"addresses,omitempty"`
+
+	// MasterName is the Sentinel master to follow; setting it selects
+	// Sentinel mode.
+	MasterName string `json:"master_name,omitempty"`
+
+	// Username for Redis ACL authentication. Placeholders such as
+	// {env.REDIS_USERNAME} are resolved at provisioning.
+	Username string `json:"username,omitempty"`
+
+	// Password for Redis authentication. Use a placeholder such as
+	// {env.REDIS_PASSWORD} to keep it out of the configuration.
+	Password string `json:"password,omitempty"`
+
+	// DB is the database number of a single node or Sentinel master;
+	// Cluster supports only 0.
+	DB int `json:"db,omitempty"`
+
+	// KeyPrefix starts every key this store writes, so that several
+	// applications can share a Redis. Default: idempotency.
+	KeyPrefix string `json:"key_prefix,omitempty"`
+
+	// TLS connects to Redis over TLS, verifying each server's certificate
+	// against the name in its address.
+	TLS bool `json:"tls,omitempty"`
+
+	// DialTimeout bounds connecting to Redis. Default: 2s.
+	DialTimeout caddy.Duration `json:"dial_timeout,omitempty"`
+
+	// ReadTimeout bounds waiting for a reply. Default: 1s.
+	ReadTimeout caddy.Duration `json:"read_timeout,omitempty"`
+
+	// WriteTimeout bounds sending a command. Default: 1s.
+	WriteTimeout caddy.Duration `json:"write_timeout,omitempty"`
+
+	// PoolSize is the maximum number of connections per Redis node.
+	// Default: go-redis's, 10 per CPU.
+	PoolSize int `json:"pool_size,omitempty"`
+
+	// Resolved at provisioning; the exported fields keep what was written.
+	opts    goredis.UniversalOptions
+	prefix  string
+	poolKey string
+	client  goredis.UniversalClient
+	logger  *zap.Logger
+}
+
+// CaddyModule returns the Caddy module information.
+func (Store) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.idempotency.stores.redis",
+		New: func() caddy.Module { return new(Store) },
+	}
+}
+
+// clients lets every configuration that asks for the same Redis share one
+// client, so a config reload neither drops nor doubles connections.
+var clients = caddy.NewUsagePool()
+
+type sharedClient struct{ goredis.UniversalClient }
+
+func (c sharedClient) Destruct() error { return c.Close() }
+
+// Provision resolves placeholders, applies defaults and gets a client. It
+// does not fail when Redis is down: Caddy must start anyway, and requests
+// follow on_store_error until Redis answers.
+func (s *Store) Provision(ctx caddy.Context) error {
+	s.logger = ctx.Logger()
+	repl := caddy.NewReplacer()
+	resolve := func(v string) string { return repl.ReplaceKnown(v, "") }
+
+	addrs := []string{defaultAddress}
+	if len(s.Addresses) > 0 {
+		addrs = make([]string, len(s.Addresses))
+		for i, a := range s.Addresses {
+			addrs[i] = resolve(a)
+		}
+	}
+	s.prefix = cmp.Or(resolve(s.KeyPrefix), defaultKeyPrefix)
+	s.opts = goredis.UniversalOptions{
+		Addrs:        addrs,
+		MasterName:   resolve(s.MasterName),
+		Username:     resolve(s.Username),
+		Password:     resolve(s.Password),
+		DB:           s.DB,
+		DialTimeout:  cmp.Or(time.Duration(s.DialTimeout), defaultDialTimeout),
+		ReadTimeout:  cmp.Or(time.Duration(s.ReadTimeout), defaultReadTimeout),
+		WriteTimeout: cmp.Or(time.Duration(s.WriteTimeout), defaultWriteTimeout),
+		PoolSize:     s.PoolSize,
+		// go-redis by default tries up to 4 times with 5 dials each, which
+		// makes a dead Redis cost seconds per call. One retry still covers
+		// a pooled connection that the server closed.
+		MaxRetries:    1,
+		DialerRetries: 1,
+		// Let the caller's deadline cut a call short, too.
+		ContextTimeoutEnabled: true,
+	}
+	if err := s.Validate(); err != nil {
+		return err
+	}
+
+	s.poolKey = s.clientKey()
+	val, loaded, err := clients.LoadOrNew(s.poolKey, func() (caddy.Destructor, error) {
+		opts := s.opts
+		if s.TLS {
+			opts.Dialer = tlsDialer(opts.DialTimeout)
+		}
+		return sharedClient{goredis.NewUniversalClient(&opts)}, nil
+	})
+	if err != nil {
+		s.poolKey = ""
+		return fmt.Errorf("creating redis client: %w", err)
+	}
+	s.client = val.(sharedClient).UniversalClient
+	if !loaded {
+		pingCtx, cancel := context.WithTimeout(ctx, provisionPing)
+		defer cancel()
+		if err := s.client.Ping(pingCtx).Err(); err != nil {
+			s.logger.Warn("redis is not answering; requests follow on_store_error until it does",
+				zap.Strings("addresses", addrs), zap.Error(err))
+		}
+	}
+	return nil
+}
+
+// clientKey identifies the client options without revealing them: the
+// password is part of the key, but only through a hash.
+func (s *Store) clientKey() string {
+	b, _ := json.Marshal([]any{s.opts.Addrs, s.opts.MasterName, s.opts.Username, s.opts.Password,
+		s.opts.DB, s.TLS, s.opts.DialTimeout, s.opts.ReadTimeout, s.opts.WriteTimeout, s.opts.PoolSize})
+	sum := sha256.Sum256(b)
+	return "redis:" + hex.EncodeToString(sum[:])
+}
+
+// Validate checks the provisioned configuration without contacting Redis.
+func (s *Store) Validate() error {
+	if len(s.opts.Addrs) == 0 {
+		return errors.New("redis store is not provisioned")
+	}
+	for _, a := range s.opts.Addrs {
+		if host, port, err := net.SplitHostPort(a); err != nil || host == "" || port == "" {
+			return fmt.Errorf("address '%s' is not host:port", a)
+		}
+	}
+	switch {
+	case s.DB < 0:
+		return fmt.Errorf("db %d is negative", s.DB)
+	case s.DB != 0 && len(s.opts.Addrs) > 1 && s.opts.MasterName == "":
+		return fmt.Errorf("db %d is not supported on a Redis Cluster (several addresses without master_name)", s.DB)
+	case s.PoolSize < 0:
+		return fmt.Errorf("pool_size %d is negative", s.PoolSize)
+	case s.DialTimeout < 0 || s.ReadTimeout < 0 || s.WriteTimeout < 0:
+		return errors.New("dial_timeout, read_timeout and write_timeout must not be negative")
+	case strings.ContainsAny(s.prefix, "{}"):
+		// A brace would move the hash tag and split a key's slot choice.
+		return fmt.Errorf("key_prefix '%s' must not contain '{' or '}'", s.prefix)
+	}
+	return nil
+}
+
+// Cleanup gives the client back to the pool, closing it with its last user.
+func (s *Store) Cleanup() error {
+	if s == nil || s.poolKey == "" {
+		return nil
+	}
+	key := s.poolKey
+	s.poolKey, s.client = "", nil
+	if _, err := clients.Delete(key); err != nil {
+		return fmt.Errorf("closing redis client: %w", err)
+	}
+	return nil
+}
+
+// String describes the store for logs, with the password redacted. It has a
+// value receiver so that printing a Store value is redacted too.
+func (s Store) String() string {
+	pw := ""
+	if s.Password != "" {
+		pw = "<redacted>"
+	}
+	return fmt.Sprintf("redis{addresses=%v master_name=%q username=%q password=%q db=%d key_prefix=%q tls=%t}",
+		s.Addresses, s.MasterName, s.Username, pw, s.DB, s.KeyPrefix, s.TLS)
+}
+
+// GoString keeps %#v from printing the password.
+func (s Store) GoString() string { return s.String() }
+
+// The first 18 bytes of a record are its magic, state and owner token, so a
+// script can check "in progress and owned by this token" with one compare
+// of a GETRANGE, whatever the size of the record.
+const ownerLen = store.TokenOffset + len(store.Token{})
+
+// complete swaps an owned claim for the completed record. ARGV[2] is that
+// record encoded with an empty binding; the binding (token, fingerprint,
+// creation time, endpoint) is spliced in from the claim, whose encoding
+// ends with a zero header count and no body:
+//
+//	1-2 magic, state | 3-58 binding | 59-61 status, flags | 62- endpoint ... headers, body
+var completeScript = goredis.NewScript(`
+if redis.call('GETRANGE', KEYS[1], 0, 17) ~= ARGV[1] then return 0 end
+local claim, rec = redis.call('GET', KEYS[1]), ARGV[2]
+redis.call('SET', KEYS[1],
+	string.sub(rec, 1, 2) .. string.sub(claim, 3, 58) .. string.sub(rec, 59, 61) ..
+	string.sub(claim, 62, -2) .. string.sub(rec, 63), 'PX', ARGV[3])
+return 1
+`)
+
+var releaseScript = goredis.NewScript(`
+if redis.call('GETRANGE', KEYS[1], 0, 17) ~= ARGV[1] then return 0 end
+return redis.call('DEL', KEYS[1])
+`)
+
+var renewScript = goredis.NewScript(`
+if redis.call('GETRANGE', KEYS[1], 0, 17) ~= ARGV[1] then return 0 end
+return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+`)
+
+// now is replaced by tests.
+var now = time.Now
+
+// Acquire claims key with SET NX GET: one command that either stores the
+// claim or returns the live record, which Redis expires by itself when the
+// lease or the TTL passes.
+func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (*store.Record, error) {
+	val := store.AppendClaim(make([]byte, 0, 128), c, now())
+	cmd := goredis.NewStringCmd(ctx, "set", s.key(key), val, "nx", "px", millis(c.Lease), "get")
+	_ = s.client.Process(ctx, cmd)
+	old, err := cmd.Bytes()
+	if errors.Is(err, goredis.Nil) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, unavailable("acquiring", err)
+	}
+	rec, err := store.DecodeRecord(old)
+	if err != nil {
+		return nil, unavailable("decoding record", err)
+	}
+	// go-redis retries a command whose reply was lost; the record found may
+	// then be this very claim, stored by the first attempt.
+	if rec.State == store.InProgress && rec.Token == c.Token {
+		return nil, nil
+	}
+	return rec, nil
+}
+
+// Complete stores rec in place of the claim held by token, for ttl.
+func (s *Store) Complete(ctx context.Context, key store.Key, token store.Token, rec *store.Record, ttl time.Duration) error {
+	val := store.AppendRecord(make([]byte, 0, 128+len(rec.Body)), &store.Record{
+		State:     store.Completed,
+		Status:    rec.Status,
+		Header:    rec.Header,
+		Body:      rec.Body,
+		Truncated: rec.Truncated,
+	})
+	return s.owned(completeScript.Run(ctx, s.client, []string{s.key(key)}, owner(token), val, millis(ttl)), "completing")
+}
+
+// Release deletes the claim held by token.
+func (s *Store) Release(ctx context.Context, key store.Key, token store.Token) error {
+	return s.owned(releaseScript.Run(ctx, s.client, []string{s.key(key)}, owner(token)), "releasing")
+}
+
+// Renew sets the lease of the claim held by token to lease from now.
+func (s *Store) Renew(ctx context.Context, key store.Key, token store.Token, lease time.Duration) error {
+	return s.owned(renewScript.Run(ctx, s.client, []string{s.key(key)}, owner(token), millis(lease)), "renewing")
+}
+
+// owned turns a script's 0 or 1 into ErrNotOwner or success.
+func (s *Store) owned(cmd *goredis.Cmd, op string) error {
+	n, err := cmd.Int64()
+	switch {
+	case err != nil:
+		return unavailable(op, err)
+	case n == 0:
+		return store.ErrNotOwner
+	}
+	return nil
+}
+
+// key is <prefix>:{<hex key>}; the braces make the key its own Cluster hash
+// tag, which every script relies on.
+func (s *Store) key(k store.Key) string {
+	var h [2 * len(store.Key{})]byte
+	hex.Encode(h[:], k[:])
+	var b strings.Builder
+	b.Grow(len(s.prefix) + 3 + len(h))
+	b.WriteString(s.prefix)
+	b.WriteString(":{")
+	b.Write(h[:])
+	b.WriteByte('}')
+	return b.String()
+}
+
+// owner is the record prefix of a claim held by token.
+func owner(token store.Token) []byte {
+	b := make([]byte, 0, ownerLen)
+	b = append(b, 'I', byte(store.InProgress))
+	return append(b, token[:]...)
+}
+
+// millis rounds d up to whole milliseconds, at least one: Redis refuses a
+// zero expiry, and rounding down could end a lease early.
+func millis(d time.Duration) int64 {
+	return max(1, int64((d+time.Millisecond-1)/time.Millisecond))
+}
+
+func unavailable(op string, err error) error {
+	return fmt.Errorf("%w: %s: %w", store.ErrUnavailable, op, err)
+}
+
+// tlsDialer verifies each server against the host of the address it dials,
+// which one tls.Config cannot do for the many nodes of a Cluster.
+func tlsDialer(timeout time.Duration) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		host, _, err := net.SplitHostPort(addr)
+		if err != nil {
+			return nil, fmt.Errorf("splitting address %q: %w", addr, err)
+		}
+		d := tls.Dialer{
+			NetDialer: &net.Dialer{Timeout: timeout, KeepAlive: 5 * time.Minute},
+			Config:    &tls.Config{ServerName: host, MinVersion: tls.VersionTLS12},
+		}
+		return d.DialContext(ctx, network, addr)
+	}
+}
+
+// UnmarshalCaddyfile sets up the store from Caddyfile tokens. Syntax:
+//
+//	redis {
+//	    address      <host:port>...
+//	    master_name  <name>
+//	    username     <username>
+//	    password     <password>
+//	    db           <number>
+//	    key_prefix   <prefix>
+//	    tls
+//	    dial_timeout  <duration>
+//	    read_timeout  <duration>
+//	    write_timeout <duration>
+//	    pool_size    <number>
+//	}
+//
+// address may be repeated; every other option may be given once.
+func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // the module name
+	if d.NextArg() {
+		return d.Errf("unexpected argument '%s'; options go in a block", d.Val())
+	}
+	seen := make(map[string]bool)
+	for d.NextBlock(0) {
+		opt := d.Val()
+		if seen[opt] && opt != "address" {
+			return d.Errf("duplicate subdirective '%s'", opt)
+		}
+		seen[opt] = true
+
+		var err error
+		switch opt {
+		case "address":
+			args := d.RemainingArgs()
+			if len(args) == 0 {
+				return d.Errf("%s: expected at least one host:port", opt)
+			}
+			s.Addresses = append(s.Addresses, args...)
+		case "master_name":
+			s.MasterName, err = oneArg(d, opt)
+		case "username":
+			s.Username, err = oneArg(d, opt)
+		case "password":
+			s.Password, err = oneArg(d, opt)
+		case "key_prefix":
+			s.KeyPrefix, err = oneArg(d, opt)
+		case "db":
+			s.DB, err = countArg(d, opt)
+		case "pool_size":
+			s.PoolSize, err = countArg(d, opt)
+		case "tls":
+			if d.NextArg() {
+				return d.Errf("%s: unexpected argument '%s'", opt, d.Val())
+			}
+			s.TLS = true
+		case "dial_timeout":
+			s.DialTimeout, err = durationArg(d, opt)
+		case "read_timeout":
+			s.ReadTimeout, err = durationArg(d, opt)
+		case "write_timeout":
+			s.WriteTimeout, err = durationArg(d, opt)
+		default:
+			return d.Errf("unrecognized subdirective '%s'", opt)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func oneArg(d *caddyfile.Dispenser, opt string) (string, error) {
+	if !d.NextArg() {
+		return "", d.Errf("%s: expected a value", opt)
+	}
+	v := d.Val()
+	if d.NextArg() {
+		return "", d.Errf("%s: unexpected extra argument '%s'", opt, d.Val())
+	}
+	return v, nil
+}
+
+func countArg(d *caddyfile.Dispenser, opt string) (int, error) {
+	v, err := oneArg(d, opt)
+	if err != nil {
+		return 0, err
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 {
+		return 0, d.Errf("%s: '%s' is not a non-negative integer", opt, v)
+	}
+	return n, nil
+}
+
+func durationArg(d *caddyfile.Dispenser, opt string) (caddy.Duration, error) {
+	v, err := oneArg(d, opt)
+	if err != nil {
+		return 0, err
+	}
+	dur, err := caddy.ParseDuration(v)
+	if err != nil || dur < 0 {
+		return 0, d.Errf("%s: '%s' is not a non-negative duration", opt, v)
+	}
+	return caddy.Duration(dur), nil
+}
+
+// Interface guards
+var (
+	_ store.Store           = (*Store)(nil)
+	_ caddy.Provisioner     = (*Store)(nil)
+	_ caddy.Validator       = (*Store)(nil)
+	_ caddy.CleanerUpper    = (*Store)(nil)
+	_ caddyfile.Unmarshaler = (*Store)(nil)
+)
