@@ -1,0 +1,205 @@
+package e2e
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// caddyProc is one caddy process run by a test.
+type caddyProc struct {
+	t       testing.TB
+	name    string
+	Addr    string // host:port of the site
+	URL     string // http://Addr
+	logPath string
+	cmd     *exec.Cmd
+	exited  chan struct{} // closed once the process has been waited for
+}
+
+// startCaddy runs the caddy binary with a Caddyfile whose one site, on a
+// free loopback port, holds the directives in site. It returns once the
+// server serves, and stops it with SIGTERM when the test ends; the process
+// output is printed if the test failed.
+func startCaddy(t testing.TB, name, site string) *caddyProc {
+	t.Helper()
+	dir := t.TempDir()
+	// A port probed free may be taken before caddy binds it: try again.
+	for attempt := 1; ; attempt++ {
+		c, err := tryStartCaddy(t, dir, name, site, attempt)
+		if err == nil {
+			return c
+		}
+		if !errors.Is(err, errPortTaken) || attempt == 3 {
+			t.Fatalf("starting caddy %s: %v", name, err)
+		}
+		t.Logf("caddy %s: port taken, retrying: %v", name, err)
+	}
+}
+
+var errPortTaken = errors.New("address already in use")
+
+func tryStartCaddy(t testing.TB, dir, name, site string, attempt int) (*caddyProc, error) {
+	t.Helper()
+	port, adminPort := freePort(t), freePort(t)
+	caddyfile := fmt.Sprintf(`{
+	admin 127.0.0.1:%d
+	auto_https off
+	persist_config off
+	grace_period 1s
+	default_bind 127.0.0.1
+}
+
+http://:%d {
+	log {
+		output stderr
+	}
+%s
+}
+`, adminPort, port, indent(site))
+	cfgPath := filepath.Join(dir, fmt.Sprintf("Caddyfile.%d", attempt))
+	if err := os.WriteFile(cfgPath, []byte(caddyfile), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c := &caddyProc{
+		t:       t,
+		name:    name,
+		Addr:    net.JoinHostPort("127.0.0.1", strconv.Itoa(port)),
+		logPath: filepath.Join(dir, fmt.Sprintf("caddy.%d.log", attempt)),
+		exited:  make(chan struct{}),
+	}
+	c.URL = "http://" + c.Addr
+	logFile, err := os.Create(c.logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logFile.Close()
+
+	c.cmd = exec.Command(caddyBin, "run", "--config", cfgPath, "--adapter", "caddyfile")
+	c.cmd.Dir = dir
+	c.cmd.Stdout, c.cmd.Stderr = logFile, logFile
+	c.cmd.Env = append(os.Environ(),
+		"HOME="+dir, "XDG_DATA_HOME="+filepath.Join(dir, "data"), "XDG_CONFIG_HOME="+filepath.Join(dir, "config"))
+	if err := c.cmd.Start(); err != nil {
+		t.Fatalf("running %s: %v", caddyBin, err)
+	}
+	go func() {
+		_ = c.cmd.Wait()
+		close(c.exited)
+	}()
+	t.Cleanup(func() {
+		c.stop()
+		if t.Failed() {
+			c.printLog()
+		}
+	})
+
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		select {
+		case <-c.exited:
+			out, _ := os.ReadFile(c.logPath)
+			if bytes.Contains(out, []byte("address already in use")) {
+				return nil, fmt.Errorf("%w:\n%s", errPortTaken, out)
+			}
+			return nil, fmt.Errorf("caddy exited during startup (%v); Caddyfile:\n%s\noutput:\n%s", c.cmd.ProcessState, caddyfile, out)
+		case <-time.After(20 * time.Millisecond):
+		}
+		if c.ready() {
+			return c, nil
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("caddy did not serve on %s within 30s", c.Addr)
+		}
+	}
+}
+
+// ready reports whether caddy has logged that it serves its configuration
+// and accepts connections on the site's port.
+func (c *caddyProc) ready() bool {
+	out, err := os.ReadFile(c.logPath)
+	if err != nil || !bytes.Contains(out, []byte("serving initial configuration")) {
+		return false
+	}
+	conn, err := net.DialTimeout("tcp", c.Addr, time.Second)
+	if err != nil {
+		return false
+	}
+	conn.Close()
+	return true
+}
+
+// Kill sends SIGKILL, like a crash or an OOM kill, and waits for the exit.
+func (c *caddyProc) Kill() {
+	c.t.Helper()
+	select {
+	case <-c.exited:
+		c.t.Fatalf("caddy %s had already exited before Kill", c.name)
+	default:
+	}
+	if err := c.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		c.t.Fatalf("killing caddy %s: %v", c.name, err)
+	}
+	<-c.exited
+}
+
+// stop ends the process gracefully with SIGTERM, and with SIGKILL if it
+// does not exit within 5s.
+func (c *caddyProc) stop() {
+	select {
+	case <-c.exited:
+		return
+	default:
+	}
+	_ = c.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-c.exited:
+	case <-time.After(5 * time.Second):
+		c.t.Logf("caddy %s did not exit 5s after SIGTERM; killing it", c.name)
+		_ = c.cmd.Process.Signal(syscall.SIGKILL)
+		<-c.exited
+	}
+}
+
+// Log returns what the process has written so far.
+func (c *caddyProc) Log() string {
+	out, _ := os.ReadFile(c.logPath)
+	return string(out)
+}
+
+func (c *caddyProc) printLog() {
+	const max = 64 << 10
+	out := c.Log()
+	if len(out) > max {
+		out = "[...]\n" + out[len(out)-max:]
+	}
+	c.t.Logf("----- caddy %s output (%s) -----\n%s----- end of caddy %s output -----", c.name, c.logPath, out, c.name)
+}
+
+func indent(s string) string {
+	var b strings.Builder
+	for line := range strings.Lines(strings.TrimSpace(s)) {
+		b.WriteString("\t")
+		b.WriteString(line)
+	}
+	return b.String()
+}
+
+func freePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("finding a free port: %v", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}

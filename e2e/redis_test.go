@@ -1,0 +1,201 @@
+package e2e
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testredis"
+)
+
+// Case 4: two Caddy instances that share one Redis run a key once between
+// them, and the instance that lost the race replays the winner's answer.
+func TestTwoInstancesShareRedis(t *testing.T) {
+	t.Parallel()
+	rd := testredis.Start(t)
+	u := startUpstream(t)
+	site := proxySite(u, redisStore(rd))
+	a := startCaddy(t, "A", site)
+	b := startCaddy(t, "B", site)
+	// The requests carry one Host, as behind a load balancer: the key is
+	// bound to the endpoint, host included.
+	winner := concurrentDuplicates(t, u, []*caddyProc{a, b})
+	t.Logf("instance %s ran the request; instance %s replayed it", []string{"A", "B"}[winner], []string{"A", "B"}[1-winner])
+}
+
+// Case 5: an instance dies while it owns a claim. The other instance
+// refuses retries until the lease passes, then runs the request again: a
+// crashed owner leaves no response to replay, so the second run is the
+// documented price of the crash.
+func TestOwnerKilledLeaseTakeover(t *testing.T) {
+	t.Parallel()
+	const lease = 2 * time.Second
+	rd := testredis.Start(t)
+	u := startUpstream(t)
+	site := proxySite(u, redisStore(rd)+"\nlock_timeout 2s")
+	a := startCaddy(t, "A", site)
+	b := startCaddy(t, "B", site)
+	cl := newClient()
+	const key = "crash-1"
+	body := []byte(`{"amount":99}`)
+	mk := func(c *caddyProc) *http.Request {
+		// The first run takes 10s (A dies during it); the takeover is fast.
+		return req(http.MethodPost, c.URL+"/payments", key, body, hdrDelay, "10s,0", "Host", "api.test")
+	}
+
+	errc := make(chan error, 1)
+	go func() {
+		_, err := do(cl, mk(a))
+		errc <- err
+	}()
+	select {
+	case <-u.startedCh(key):
+	case <-time.After(10 * time.Second):
+		t.Fatal("the request to A did not reach the upstream")
+	}
+	// Let A renew its claim at least once (every lease/3) before it dies.
+	time.Sleep(lease/3 + 300*time.Millisecond)
+	wantProblem(t, "B while A runs the request", send(t, cl, mk(b)), http.StatusConflict, "outstanding", true)
+
+	a.Kill()
+	killed := time.Now()
+	select {
+	case err := <-errc:
+		if err == nil {
+			t.Fatal("A's client got an answer although A was killed")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("A's client did not notice that A died")
+	}
+
+	var res response
+	conflicts := 0
+	deadline := killed.Add(lease + 3*time.Second)
+	for {
+		res = send(t, cl, mk(b))
+		if res.Status != http.StatusConflict {
+			break
+		}
+		wantProblem(t, "B before the lease passed", res, http.StatusConflict, "outstanding", true)
+		conflicts++
+		if time.Now().After(deadline) {
+			t.Fatalf("B still refuses %v after A was killed (%d x 409)", time.Since(killed), conflicts)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	took := time.Since(killed)
+	t.Logf("kill-to-takeover: %v (lock_timeout %v; %d x 409 from B after the kill)", took.Round(time.Millisecond), lease, conflicts)
+	wantStatus(t, "B after the lease passed", res, http.StatusCreated)
+	if res.replayed() || res.Header.Get(hdrRun) != "2" {
+		t.Fatalf("B's takeover did not run the request anew: %s", res)
+	}
+	wantCount(t, "upstream starts (A's crashed run and B's takeover)", u.starts(key), 2)
+	if conflicts == 0 {
+		t.Fatalf("B took over at once (%v after the kill): A's lease was not respected", took)
+	}
+	if took > lease+500*time.Millisecond {
+		t.Fatalf("takeover took %v: more than the %v lease after the last renewal", took, lease)
+	}
+	replay, _ := retryUntilSettled(t, cl, func() *http.Request { return mk(b) }, 5*time.Second)
+	wantReplay(t, "retry after the takeover", res, replay)
+	wantCount(t, "upstream starts after the replay", u.starts(key), 2)
+}
+
+// Case 6: Redis outages, with both on_store_error policies, and a Caddy
+// that starts while Redis is down.
+func TestRedisOutage(t *testing.T) {
+	t.Parallel()
+	setup := func(t *testing.T, options string) (*testredis.Server, *upstream, *caddyProc, func(key string) *http.Request) {
+		rd := testredis.Start(t)
+		u := startUpstream(t)
+		c := startCaddy(t, "caddy", proxySite(u, redisStore(rd)+"\n"+options))
+		mk := func(key string) *http.Request {
+			return req(http.MethodPost, c.URL+"/orders", key, []byte(`{"sku":"tea"}`))
+		}
+		return rd, u, c, mk
+	}
+
+	t.Run("fail_closed", func(t *testing.T) {
+		t.Parallel()
+		rd, u, _, mk := setup(t, "on_store_error fail_closed")
+		cl := newClient()
+		wantStatus(t, "before the outage", send(t, cl, mk("before")), http.StatusCreated)
+
+		rd.Kill()
+		for i := range 3 {
+			res := send(t, cl, mk("during"))
+			wantProblem(t, fmt.Sprintf("request %d while Redis is down", i), res, http.StatusServiceUnavailable, "store-unavailable", true)
+		}
+		wantCount(t, "upstream runs while Redis is down", u.starts("during"), 0)
+
+		rd.Restart(t)
+		waitForRecovery(t, cl, u, mk, "during")
+	})
+
+	t.Run("fail_open", func(t *testing.T) {
+		t.Parallel()
+		rd, u, c, mk := setup(t, "on_store_error fail_open")
+		cl := newClient()
+		rd.Kill()
+		for i := 1; i <= 2; i++ {
+			res := send(t, cl, mk("open"))
+			wantStatus(t, "request while Redis is down", res, http.StatusCreated)
+			if res.replayed() {
+				t.Fatalf("request %d while Redis is down was replayed: %s", i, res)
+			}
+			// Unprotected: every request runs.
+			wantCount(t, "upstream runs while Redis is down", u.starts("open"), i)
+		}
+		if !strings.Contains(c.Log(), "fail_open") {
+			t.Error("the unprotected requests were not logged")
+		}
+	})
+
+	t.Run("down_at_startup", func(t *testing.T) {
+		t.Parallel()
+		rd := testredis.Start(t)
+		rd.Kill()
+		u := startUpstream(t)
+		c := startCaddy(t, "caddy", proxySite(u, redisStore(rd)))
+		cl := newClient()
+		mk := func(key string) *http.Request {
+			return req(http.MethodPost, c.URL+"/orders", key, []byte(`{"sku":"tea"}`))
+		}
+		res := send(t, cl, mk("early"))
+		wantProblem(t, "request before Redis is up", res, http.StatusServiceUnavailable, "store-unavailable", true)
+		wantCount(t, "upstream runs before Redis is up", u.starts("early"), 0)
+
+		rd.Restart(t)
+		waitForRecovery(t, cl, u, mk, "early")
+	})
+}
+
+// waitForRecovery polls with key until the request runs (201), then checks
+// that it ran once and that a retry replays it.
+func waitForRecovery(t *testing.T, cl *http.Client, u *upstream, mk func(string) *http.Request, key string) {
+	t.Helper()
+	start := time.Now()
+	var res response
+	unavailable := 0
+	if !eventually(5*time.Second, 50*time.Millisecond, func() bool {
+		res = send(t, cl, mk(key))
+		if res.Status == http.StatusServiceUnavailable {
+			wantProblem(t, "request while Redis comes back", res, http.StatusServiceUnavailable, "store-unavailable", true)
+			unavailable++
+		}
+		return res.Status != http.StatusServiceUnavailable
+	}) {
+		t.Fatalf("service did not resume within 5s after Redis came back: %s", res)
+	}
+	wantStatus(t, "first request after Redis came back", res, http.StatusCreated)
+	if res.replayed() {
+		t.Fatalf("first request after Redis came back was a replay: %s", res)
+	}
+	t.Logf("service resumed %v after Redis came back (%d x 503 meanwhile)", time.Since(start).Round(time.Millisecond), unavailable)
+	wantCount(t, "upstream runs after Redis came back", u.starts(key), 1)
+	replay, _ := retryUntilSettled(t, cl, func() *http.Request { return mk(key) }, 5*time.Second)
+	wantReplay(t, "retry after Redis came back", res, replay)
+	wantCount(t, "upstream runs after the retry", u.starts(key), 1)
+}

@@ -1,0 +1,286 @@
+// Package testpg runs a private PostgreSQL server for tests, in a temporary
+// directory on a free loopback port, so that store tests need no shared
+// database and can kill and restart the server at will.
+package testpg
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Server is one PostgreSQL cluster and its postmaster, owned by a test.
+type Server struct {
+	bin  string // directory of initdb and postgres
+	base string // temporary directory holding data/ and the log
+	port int
+	cred *syscall.Credential // non-nil when running as root
+
+	mu     sync.Mutex
+	cmd    *exec.Cmd
+	exited chan struct{} // closed once cmd has been waited for
+}
+
+// Start creates and starts a server that is removed when the test ends. A
+// missing PostgreSQL fails the test rather than skipping it: a skipped store
+// test looks green.
+func Start(t testing.TB) *Server {
+	t.Helper()
+	s, err := New()
+	if err != nil {
+		t.Fatalf("testpg: %v", err)
+	}
+	t.Cleanup(s.Close)
+	return s
+}
+
+// New creates and starts a server; the caller must Close it. It is for a
+// TestMain that shares one server among the tests of a package.
+func New() (*Server, error) {
+	bin, err := findBinaries()
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{bin: bin}
+	if err := s.initdb(); err != nil {
+		s.Close()
+		return nil, err
+	}
+	// Another process may take the port between our probe and the server's
+	// bind, so try a few ports before giving up.
+	for attempt := 1; ; attempt++ {
+		s.port, err = freePort()
+		if err == nil {
+			err = s.start()
+		}
+		if err == nil {
+			return s, nil
+		}
+		if attempt == 3 {
+			s.Close()
+			return nil, fmt.Errorf("starting postgres: %w", err)
+		}
+	}
+}
+
+// DSN is a connection string for the server's postgres database.
+func (s *Server) DSN() string {
+	return fmt.Sprintf("postgres://postgres@%s/postgres?sslmode=disable", s.Addr())
+}
+
+// Addr is the server's host:port.
+func (s *Server) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port)) }
+
+// Kill sends SIGKILL to the postmaster and all its backends at once and
+// waits for the postmaster to exit, like a crash of the database host.
+func (s *Server) Kill() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.killLocked()
+}
+
+// Restart starts the server again on the same port and data directory
+// after Kill; PostgreSQL runs crash recovery, so committed data survives.
+func (s *Server) Restart(t testing.TB) {
+	t.Helper()
+	s.Kill()
+	var err error
+	// Backends of the killed postmaster may still be exiting, holding its
+	// shared memory for a moment; postgres refuses to start until they are.
+	for range 50 {
+		if err = s.start(); err == nil {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("testpg: restarting postgres on port %d: %v", s.port, err)
+}
+
+// Close kills the server and removes its directory.
+func (s *Server) Close() {
+	s.Kill()
+	if s.base != "" {
+		_ = os.RemoveAll(s.base)
+	}
+}
+
+// findBinaries returns the directory that holds initdb and postgres: the
+// one on PATH, else the newest Debian-style /usr/lib/postgresql/*/bin.
+func findBinaries() (string, error) {
+	var dirs []string
+	candidates := []string{"/usr/local/bin/initdb"}
+	if p, err := exec.LookPath("initdb"); err == nil {
+		candidates = append([]string{p}, candidates...)
+	}
+	// initdb is often a symlink (Debian's /usr/local/bin, pg_wrapper): the
+	// postgres that matches it sits beside its target.
+	for _, p := range candidates {
+		if real, err := filepath.EvalSymlinks(p); err == nil {
+			dirs = append(dirs, filepath.Dir(real))
+		}
+	}
+	globbed, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	sort.Slice(globbed, func(i, j int) bool { return version(globbed[i]) > version(globbed[j]) })
+	dirs = append(dirs, globbed...)
+	for _, d := range dirs {
+		if isExec(filepath.Join(d, "initdb")) && isExec(filepath.Join(d, "postgres")) {
+			return d, nil
+		}
+	}
+	return "", errors.New("initdb and postgres not found on PATH nor in /usr/lib/postgresql/*/bin (install the postgresql package)")
+}
+
+func version(binDir string) int {
+	n, _ := strconv.Atoi(filepath.Base(filepath.Dir(binDir)))
+	return n
+}
+
+func isExec(p string) bool {
+	fi, err := os.Stat(p)
+	return err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0
+}
+
+// initdb creates the cluster. PostgreSQL refuses to run as root, so as root
+// both initdb and the server run as the 'postgres' user, which must be able
+// to reach and own the data directory.
+func (s *Server) initdb() error {
+	base, err := os.MkdirTemp("", "testpg-")
+	if err != nil {
+		return fmt.Errorf("creating a temporary directory: %w", err)
+	}
+	s.base = base
+	data := filepath.Join(base, "data")
+	if err := os.Mkdir(data, 0o700); err != nil {
+		return err
+	}
+	if os.Geteuid() == 0 {
+		u, err := user.Lookup("postgres")
+		if err != nil {
+			return fmt.Errorf("running as root, PostgreSQL needs a 'postgres' user to run as: %w", err)
+		}
+		uid, _ := strconv.ParseUint(u.Uid, 10, 32)
+		gid, _ := strconv.ParseUint(u.Gid, 10, 32)
+		s.cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), NoSetGroups: true}
+		if err := os.Chmod(base, 0o711); err != nil {
+			return err
+		}
+		if err := os.Chown(data, int(uid), int(gid)); err != nil {
+			return err
+		}
+	}
+	cmd := exec.Command(filepath.Join(s.bin, "initdb"),
+		"-D", data, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--locale=C",
+		"-N", // no fsync: the cluster is thrown away with the test
+	)
+	cmd.Dir = base
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("initdb: %w: %s", err, lastLines(string(out), 5))
+	}
+	return nil
+}
+
+// start runs the postmaster on s.port and waits until it accepts a session.
+func (s *Server) start() error {
+	logPath := filepath.Join(s.base, "postgres.log")
+	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return fmt.Errorf("opening log file: %w", err)
+	}
+	defer logFile.Close()
+	logStart, _ := logFile.Seek(0, 2)
+
+	data := filepath.Join(s.base, "data")
+	cmd := exec.Command(filepath.Join(s.bin, "postgres"),
+		"-D", data,
+		"-p", strconv.Itoa(s.port),
+		"-k", data,
+		"-c", "listen_addresses=127.0.0.1",
+		"-c", "fsync=off", // a kill of the server keeps the OS cache; only an OS crash would lose data
+		"-c", "full_page_writes=off",
+		"-c", "max_connections=300",
+	)
+	cmd.Dir = s.base
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	// Its own process group lets Kill take the backends down with it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred, Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("running %s: %w", cmd.Path, err)
+	}
+	exited := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		close(exited)
+	}()
+	s.mu.Lock()
+	s.cmd, s.exited = cmd, exited
+	s.mu.Unlock()
+
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if ready(s.DSN()) == nil {
+			return nil
+		}
+		select {
+		case <-exited:
+			out, _ := os.ReadFile(logPath)
+			if int64(len(out)) >= logStart {
+				out = out[logStart:]
+			}
+			return fmt.Errorf("postgres exited early: %s", lastLines(string(out), 5))
+		case <-time.After(25 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			s.Kill()
+			return fmt.Errorf("postgres did not accept sessions on %s within 30s", s.Addr())
+		}
+	}
+}
+
+func (s *Server) killLocked() {
+	if s.cmd == nil {
+		return
+	}
+	_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
+	<-s.exited
+	s.cmd = nil
+}
+
+// ready opens and closes one session; it fails while the server starts up.
+func ready(dsn string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	conn, err := pgconn.Connect(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	return conn.Close(ctx)
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("finding a free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}

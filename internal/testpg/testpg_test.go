@@ -1,0 +1,37 @@
+package testpg
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+func run(t *testing.T, dsn, sql string) error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	conn, err := pgconn.Connect(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, sql).ReadAll()
+	return err
+}
+
+func TestKillAndRestart(t *testing.T) {
+	s := Start(t)
+	if err := run(t, s.DSN(), "CREATE TABLE kept (n int); INSERT INTO kept VALUES (1)"); err != nil {
+		t.Fatalf("using the fresh server: %v", err)
+	}
+	s.Kill()
+	if err := run(t, s.DSN(), "SELECT 1"); err == nil {
+		t.Fatal("the killed server still answers")
+	}
+	s.Restart(t)
+	if err := run(t, s.DSN(), "SELECT n FROM kept"); err != nil {
+		t.Fatalf("committed data lost across a restart: %v", err)
+	}
+}

@@ -1,0 +1,218 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+)
+
+// The reaper deletes expired rows only to bound the table's size: reads and
+// claims already treat them as absent.
+const (
+	reapInterval = time.Minute
+	reapBatch    = 1000
+	reapTimeout  = 30 * time.Second
+)
+
+// errReaperBusy means another store, in this process or another, holds the
+// reaper lock of the table.
+var errReaperBusy = errors.New("another instance is reaping")
+
+// database is the pool, statements and reaper of one table, shared through
+// the databases pool by every config that uses it.
+type database struct {
+	pool      *pgxpool.Pool
+	q         queries
+	qualified string
+	ddl       string // DDL under the table's advisory lock
+	reapLock  int64
+	create    bool
+	logger    *zap.Logger
+
+	// ready is set once the table is known to exist (or create_table is
+	// off); until then every call first tries to create it.
+	ready  atomic.Bool
+	warned atomic.Bool
+	// ensuring lets one caller at a time run the DDL; a channel rather than
+	// a mutex so that waiting respects the caller's context.
+	ensuring chan struct{}
+
+	stop context.CancelFunc
+	done chan struct{}
+}
+
+// newDatabase creates the pool, which connects lazily, and starts the
+// reaper; neither fails when PostgreSQL is down.
+func newDatabase(cfg *pgxpool.Config, schema, table string, create bool, logger *zap.Logger) (*database, error) {
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		return nil, err
+	}
+	name := qualify(schema, table)
+	db := &database{
+		pool:      pool,
+		q:         newQueries(name),
+		qualified: name,
+		ddl:       fmt.Sprintf("SELECT pg_advisory_xact_lock(%d);\n%s", lockID("ddl", name), DDL(schema, table)),
+		reapLock:  lockID("reap", name),
+		create:    create,
+		logger:    logger,
+		ensuring:  make(chan struct{}, 1),
+		done:      make(chan struct{}),
+	}
+	db.ready.Store(!create)
+	ctx, stop := context.WithCancel(context.Background())
+	db.stop = stop
+	go db.run(ctx)
+	return db, nil
+}
+
+// Destruct stops the reaper and closes the pool when the last config using
+// the table is gone.
+func (db *database) Destruct() error {
+	db.stop()
+	<-db.done
+	db.pool.Close()
+	return nil
+}
+
+// lockID names an advisory lock after the table, so that the stores of
+// different tables in one database never wait for each other.
+func lockID(purpose, qualified string) int64 {
+	h := fnv.New64a()
+	h.Write([]byte("caddy-idempotency/" + purpose + "/" + qualified))
+	return int64(h.Sum64())
+}
+
+// ensure creates the table if create_table is on and that has not been
+// done yet. Once it succeeds it costs nothing.
+func (db *database) ensure(ctx context.Context) error {
+	if db.ready.Load() {
+		return nil
+	}
+	select {
+	case db.ensuring <- struct{}{}:
+	case <-ctx.Done():
+		return unavailable("creating table", ctx.Err())
+	}
+	defer func() { <-db.ensuring }()
+	if db.ready.Load() {
+		return nil
+	}
+	// A table that exists needs no DDL. Checking first lets a role without
+	// CREATE privilege use a table that migrations made, and spares a
+	// schema lock when many instances start together.
+	var exists bool
+	err := db.pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", db.qualified).Scan(&exists)
+	if err == nil && !exists {
+		// Several simple statements in one message run as one transaction,
+		// so the advisory lock serializes instances that start at once:
+		// concurrent CREATE ... IF NOT EXISTS can otherwise still collide.
+		_, err = db.pool.Exec(ctx, db.ddl)
+	}
+	if err != nil {
+		if !db.warned.Swap(true) {
+			db.logger.Warn("cannot create the idempotency table yet; requests follow on_store_error until it exists",
+				zap.String("table", db.qualified), zap.Error(err))
+		}
+		return unavailable("creating table", err)
+	}
+	if db.warned.Load() {
+		db.logger.Info("idempotency table is ready", zap.String("table", db.qualified))
+	}
+	db.ready.Store(true)
+	return nil
+}
+
+// run creates the table as soon as the database answers, then reaps
+// expired rows every reapInterval until Destruct.
+func (db *database) run(ctx context.Context) {
+	defer close(db.done)
+	tick := time.NewTicker(reapInterval)
+	defer tick.Stop()
+	for {
+		if db.create {
+			ensureCtx, cancel := context.WithTimeout(ctx, reapTimeout)
+			_ = db.ensure(ensureCtx)
+			cancel()
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		if !db.ready.Load() {
+			continue
+		}
+		reapCtx, cancel := context.WithTimeout(ctx, reapTimeout)
+		n, err := db.reap(reapCtx, reapBatch, nil)
+		cancel()
+		switch {
+		case err != nil && !errors.Is(err, errReaperBusy) && ctx.Err() == nil:
+			db.logger.Warn("deleting expired idempotency records", zap.Int64("deleted", n), zap.Error(err))
+		case n > 0:
+			db.logger.Debug("deleted expired idempotency records", zap.Int64("deleted", n))
+		}
+	}
+}
+
+// reap deletes expired rows, batch rows per statement so that no statement
+// holds many row locks or runs long, until none is left. Only one reaper
+// per table runs at a time, across every process: it holds a session
+// advisory lock on a dedicated connection for the whole run, and returns
+// errReaperBusy if another has it. afterBatch, if set, runs after each
+// batch (tests use it to hold a run open).
+func (db *database) reap(ctx context.Context, batch int, afterBatch func()) (deleted int64, err error) {
+	conn, err := db.pool.Acquire(ctx)
+	if err != nil {
+		return 0, unavailable("reaping", err)
+	}
+	var locked bool
+	err = conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", db.reapLock).Scan(&locked)
+	if err != nil || !locked {
+		// On an error the lock may or may not be held: drop the session so
+		// that the server releases whatever it holds.
+		if err != nil {
+			closeConn(conn)
+			return 0, unavailable("reaping", err)
+		}
+		conn.Release()
+		return 0, errReaperBusy
+	}
+	defer func() {
+		unlockCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if _, err := conn.Exec(unlockCtx, "SELECT pg_advisory_unlock($1)", db.reapLock); err != nil {
+			closeConn(conn)
+			return
+		}
+		conn.Release()
+	}()
+	for {
+		tag, err := conn.Exec(ctx, db.q.reap, batch)
+		if err != nil {
+			return deleted, unavailable("reaping", err)
+		}
+		deleted += tag.RowsAffected()
+		if afterBatch != nil {
+			afterBatch()
+		}
+		if tag.RowsAffected() < int64(batch) {
+			return deleted, nil
+		}
+	}
+}
+
+// closeConn closes a pooled connection instead of returning it, so that
+// the server ends its session and drops its advisory locks.
+func closeConn(conn *pgxpool.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_ = conn.Hijack().Close(ctx)
+}

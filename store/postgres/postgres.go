@@ -1,0 +1,233 @@
+// Package postgres is the PostgreSQL backend of the idempotency handler. The
+// primary key of one table makes "first writer wins" atomic: Acquire is a
+// single INSERT ... ON CONFLICT that claims the key or finds its live record,
+// and the calls that must check the owner token are single statements that
+// match the token in their WHERE clause. Every time comes from the
+// database's clock, so Caddy instances with skewed clocks agree on leases.
+package postgres
+
+import (
+	"cmp"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"net/url"
+	"regexp"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+
+	"github.com/caddy-idempotency/caddy-idempotency/store"
+)
+
+func init() {
+	caddy.RegisterModule(Store{})
+}
+
+const (
+	defaultTable = "idempotency_keys"
+	// defaultConnectTimeout bounds opening a connection when the DSN sets no
+	// connect_timeout, so that an unreachable host costs a request little
+	// time even if its context has no deadline.
+	defaultConnectTimeout = 2 * time.Second
+	// maxIdentifier is PostgreSQL's NAMEDATALEN-1: longer names would be
+	// silently truncated, and two tables could end up sharing one.
+	maxIdentifier = 63
+)
+
+// Store keeps idempotency records in a PostgreSQL table, so that every Caddy
+// instance that uses the same database shares them.
+type Store struct {
+	// DSN is the connection string, as a URL
+	// (postgres://user:password@host:5432/db?sslmode=verify-full) or as
+	// keyword=value pairs. Use a placeholder such as {env.DATABASE_URL} to
+	// keep the password out of the configuration. Required.
+	DSN string `json:"dsn,omitempty"`
+
+	// Table is the name of the table that holds the records.
+	// Default: idempotency_keys.
+	Table string `json:"table,omitempty"`
+
+	// Schema is the schema of the table, which must exist. Default: the
+	// first schema of the connection's search_path, usually public.
+	Schema string `json:"schema,omitempty"`
+
+	// MaxConns bounds the connections this store opens to PostgreSQL.
+	// Default: pool_max_conns from the DSN, else the greater of 4 and the
+	// number of CPUs.
+	MaxConns int `json:"max_conns,omitempty"`
+
+	// CreateTable creates the table and its index when they are missing,
+	// at the first use of the database. Turn it off when migrations manage
+	// the schema; DDL prints the statements to run. Default: true.
+	CreateTable *bool `json:"create_table,omitempty"`
+
+	// Resolved at provisioning; the exported fields keep what was written.
+	dsn     string
+	schema  string
+	table   string
+	poolKey string
+	db      *database
+	logger  *zap.Logger
+}
+
+// CaddyModule returns the Caddy module information.
+func (Store) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.idempotency.stores.postgres",
+		New: func() caddy.Module { return new(Store) },
+	}
+}
+
+// databases lets every configuration that asks for the same table share one
+// connection pool and one reaper, so a config reload neither drops nor
+// doubles connections.
+var databases = caddy.NewUsagePool()
+
+// Provision resolves placeholders, applies defaults and gets a connection
+// pool. It does not contact PostgreSQL: Caddy must start while the database
+// is down, and requests follow on_store_error until it answers. The table
+// is created at the first use of the database instead.
+func (s *Store) Provision(ctx caddy.Context) error {
+	s.logger = ctx.Logger()
+	repl := caddy.NewReplacer()
+	s.dsn = repl.ReplaceKnown(s.DSN, "")
+	s.schema = repl.ReplaceKnown(s.Schema, "")
+	s.table = cmp.Or(repl.ReplaceKnown(s.Table, ""), defaultTable)
+	if err := s.Validate(); err != nil {
+		return err
+	}
+	cfg, err := pgxpool.ParseConfig(s.dsn)
+	if err != nil {
+		return fmt.Errorf("parsing dsn: %w", err)
+	}
+	if cfg.ConnConfig.ConnectTimeout == 0 {
+		cfg.ConnConfig.ConnectTimeout = defaultConnectTimeout
+	}
+	if s.MaxConns > 0 {
+		cfg.MaxConns = int32(s.MaxConns)
+	}
+	create := s.CreateTable == nil || *s.CreateTable
+
+	s.poolKey = s.databaseKey(create)
+	val, _, err := databases.LoadOrNew(s.poolKey, func() (caddy.Destructor, error) {
+		return newDatabase(cfg, s.schema, s.table, create, s.logger)
+	})
+	if err != nil {
+		s.poolKey = ""
+		return fmt.Errorf("creating postgres pool: %w", err)
+	}
+	s.db = val.(*database)
+	return nil
+}
+
+// databaseKey identifies the pool options without revealing them: the DSN
+// holds the password, so it is part of the key only through a hash.
+func (s *Store) databaseKey(create bool) string {
+	b, _ := json.Marshal([]any{s.dsn, s.schema, s.table, s.MaxConns, create})
+	sum := sha256.Sum256(b)
+	return "postgres:" + hex.EncodeToString(sum[:])
+}
+
+// Validate checks the provisioned configuration without contacting
+// PostgreSQL.
+func (s *Store) Validate() error {
+	switch {
+	case s.table == "":
+		return errors.New("postgres store is not provisioned")
+	case s.dsn == "":
+		return errors.New("dsn is required (an unset environment variable resolves to empty)")
+	case len(s.table) > maxIdentifier:
+		return fmt.Errorf("table '%s' is longer than %d bytes", s.table, maxIdentifier)
+	case len(s.schema) > maxIdentifier:
+		return fmt.Errorf("schema '%s' is longer than %d bytes", s.schema, maxIdentifier)
+	case s.MaxConns < 0 || s.MaxConns > math.MaxInt32:
+		return fmt.Errorf("max_conns %d is out of range", s.MaxConns)
+	}
+	return nil
+}
+
+// Cleanup gives the pool back, closing it and stopping its reaper with its
+// last user. It is safe to call more than once.
+func (s *Store) Cleanup() error {
+	if s == nil || s.poolKey == "" {
+		return nil
+	}
+	key := s.poolKey
+	s.poolKey = ""
+	if _, err := databases.Delete(key); err != nil {
+		return fmt.Errorf("closing postgres pool: %w", err)
+	}
+	return nil
+}
+
+// String describes the store for logs, with the DSN's password redacted.
+// It has a value receiver so that printing a Store value is redacted too.
+func (s Store) String() string {
+	create := s.CreateTable == nil || *s.CreateTable
+	return fmt.Sprintf("postgres{dsn=%q schema=%q table=%q max_conns=%d create_table=%t}",
+		redactDSN(s.DSN), s.Schema, s.Table, s.MaxConns, create)
+}
+
+// GoString keeps %#v from printing the password.
+func (s Store) GoString() string { return s.String() }
+
+var keywordPassword = regexp.MustCompile(`(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)`)
+
+// redactDSN hides the password of a URL or keyword=value DSN. Placeholders
+// are left alone: they are not secrets until resolved.
+func redactDSN(dsn string) string {
+	if u, err := url.Parse(dsn); err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql") {
+		if q := u.Query(); q.Has("password") {
+			q.Set("password", "xxxxx")
+			u.RawQuery = q.Encode()
+		}
+		return u.Redacted()
+	}
+	return keywordPassword.ReplaceAllString(dsn, "${1}xxxxx")
+}
+
+// DDL returns the statements that create the table and its index, for the
+// given schema (empty for the search_path's) and table. The store runs them
+// itself unless create_table is off; they are safe to run again.
+func DDL(schema, table string) string {
+	name := qualify(schema, table)
+	index := pgx.Identifier{table + "_expires_at_idx"}.Sanitize()
+	return fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %[1]s (
+	key         bytea       PRIMARY KEY,
+	state       text        NOT NULL CHECK (state IN ('in_progress', 'completed')),
+	token       bytea       NOT NULL,
+	endpoint    text        NOT NULL,
+	fingerprint bytea       NOT NULL,
+	status      integer     NOT NULL DEFAULT 0,
+	headers     jsonb,
+	body        bytea,
+	truncated   boolean     NOT NULL DEFAULT false,
+	created_at  timestamptz NOT NULL DEFAULT now(),
+	expires_at  timestamptz NOT NULL
+);
+CREATE INDEX IF NOT EXISTS %[2]s ON %[1]s (expires_at);
+`, name, index)
+}
+
+// qualify quotes the table name, so that it is used exactly as written.
+func qualify(schema, table string) string {
+	if schema == "" {
+		return pgx.Identifier{table}.Sanitize()
+	}
+	return pgx.Identifier{schema, table}.Sanitize()
+}
+
+// Interface guards
+var (
+	_ store.Store        = (*Store)(nil)
+	_ caddy.Provisioner  = (*Store)(nil)
+	_ caddy.Validator    = (*Store)(nil)
+	_ caddy.CleanerUpper = (*Store)(nil)
+)
