@@ -103,6 +103,11 @@ func observe(h *Handler) *observer.ObservedLogs {
 	return logs
 }
 
+func withReplacer(req *http.Request) (*http.Request, *caddy.Replacer) {
+	repl := caddyhttp.NewTestReplacer(req)
+	return req, repl
+}
+
 type result struct {
 	*httptest.ResponseRecorder
 	repl *caddy.Replacer
@@ -124,9 +129,7 @@ func post(path, key, body string) *http.Request {
 
 // do runs req through h the way Caddy's server would: with a replacer.
 func do(h *Handler, next caddyhttp.Handler, req *http.Request) result {
-	repl := caddy.NewReplacer()
-	ctx := context.WithValue(req.Context(), caddy.ReplacerCtxKey, repl)
-	req = req.WithContext(ctx)
+	req, repl := withReplacer(req)
 	w := httptest.NewRecorder()
 	err := h.ServeHTTP(w, req, next)
 	return result{w, repl, err}

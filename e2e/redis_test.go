@@ -55,9 +55,11 @@ func TestOwnerKilledLeaseTakeover(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the request to A did not reach the upstream")
 	}
-	// Let A renew its claim at least once (every lease/3) before it dies.
-	time.Sleep(lease/3 + 300*time.Millisecond)
-	wantProblem(t, "B while A runs the request", send(t, cl, mk(b)), http.StatusConflict, "outstanding", true)
+	// A renews its claim every lease/3 while the upstream runs: past the
+	// lease, B must still refuse.
+	time.Sleep(lease + 500*time.Millisecond)
+	wantProblem(t, "B while A runs the request, past one lease", send(t, cl, mk(b)), http.StatusConflict, "outstanding", true)
+	wantCount(t, "upstream starts while A runs", u.starts(key), 1)
 
 	a.Kill()
 	killed := time.Now()

@@ -1,0 +1,46 @@
+package postgres
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+)
+
+func TestUnmarshalCaddyfile(t *testing.T) {
+	on, off := true, false
+	for _, tc := range []struct {
+		in      string
+		want    Store
+		wantErr string
+	}{
+		{in: "postgres {\n dsn {env.DATABASE_URL}\n}", want: Store{DSN: "{env.DATABASE_URL}"}},
+		{
+			in: "postgres {\n dsn \"host=db user=app\"\n table keys\n schema app\n max_conns 8\n create_table off\n}",
+			want: Store{DSN: "host=db user=app", Table: "keys", Schema: "app", MaxConns: 8, CreateTable: &off},
+		},
+		{in: "postgres {\n dsn x\n create_table on\n}", want: Store{DSN: "x", CreateTable: &on}},
+		{in: `postgres`, wantErr: "dsn: a connection string is required"},
+		{in: `postgres postgres://db`, wantErr: "unexpected argument 'postgres://db'"},
+		{in: "postgres {\n dsn\n}", wantErr: "dsn: expected a value"},
+		{in: "postgres {\n dsn a b\n}", wantErr: "dsn: unexpected extra argument 'b'"},
+		{in: "postgres {\n dsn a\n dsn b\n}", wantErr: "duplicate subdirective 'dsn'"},
+		{in: "postgres {\n dsn a\n max_conns 0\n}", wantErr: "max_conns: '0' is not a positive integer"},
+		{in: "postgres {\n dsn a\n max_conns many\n}", wantErr: "max_conns: 'many'"},
+		{in: "postgres {\n dsn a\n create_table yes\n}", wantErr: "create_table: 'yes' is not on or off"},
+		{in: "postgres {\n dsn a\n table\n}", wantErr: "table: expected a value"},
+		{in: "postgres {\n dsn a\n color blue\n}", wantErr: "unrecognized subdirective 'color'"},
+	} {
+		var got Store
+		err := got.UnmarshalCaddyfile(caddyfile.NewTestDispenser(tc.in))
+		if tc.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("%q: error %v, want one containing %q", tc.in, err, tc.wantErr)
+			}
+			continue
+		}
+		if err != nil || got.String() != tc.want.String() || (got.CreateTable == nil) != (tc.want.CreateTable == nil) {
+			t.Errorf("%q: got %v, %v; want %v", tc.in, got, err, tc.want)
+		}
+	}
+}

@@ -1,0 +1,113 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/caddy-idempotency/caddy-idempotency/store/storetest"
+)
+
+// fill inserts expired rows and live ones straight into s's table.
+func fill(t *testing.T, s *Store, expired, live int) {
+	t.Helper()
+	if err := s.db.ensure(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	insert := `INSERT INTO ` + s.db.qualified + ` (key, state, token, endpoint, fingerprint, expires_at)
+		SELECT sha256(($1 || i)::bytea), 'completed', '\x00'::bytea, 'GET /', '\x00'::bytea, now() + $2::interval
+		FROM generate_series(1, $3) AS i`
+	sqlExec(t, shared.DSN(), insert, "expired", "-1 second", expired)
+	sqlExec(t, shared.DSN(), insert, "live", "1 hour", live)
+}
+
+func TestReaperDeletesExpiredInBatches(t *testing.T) {
+	s := provision(t, &Store{DSN: shared.DSN(), Table: newTable()})
+	fill(t, s, 35, 5)
+	batches := 0
+	n, err := s.db.reap(context.Background(), 10, func() { batches++ })
+	if err != nil || n != 35 {
+		t.Fatalf("reap = %d, %v; want 35 rows deleted", n, err)
+	}
+	if batches != 4 {
+		t.Errorf("reap ran %d batches of 10 for 35 rows, want 4", batches)
+	}
+	if left := count(t, shared.DSN(), s.table); left != 5 {
+		t.Fatalf("%d rows left, want the 5 live ones", left)
+	}
+	// The lock was given back: the next run finds nothing to do.
+	if n, err := s.db.reap(context.Background(), 10, nil); n != 0 || err != nil {
+		t.Fatalf("second reap = %d, %v", n, err)
+	}
+}
+
+// Two stores on one table, as two Caddy instances would have: while one
+// reaps, the other steps aside.
+func TestReaperOneAtATime(t *testing.T) {
+	table := newTable()
+	a := provision(t, &Store{DSN: shared.DSN(), Table: table, MaxConns: 3})
+	b := provision(t, &Store{DSN: shared.DSN(), Table: table, MaxConns: 4})
+	if a.db == b.db {
+		t.Fatal("the two stores share a pool; the test needs two")
+	}
+	fill(t, a, 50, 0)
+
+	inBatch, proceed := make(chan struct{}), make(chan struct{})
+	type result struct {
+		n   int64
+		err error
+	}
+	done := make(chan result)
+	go func() {
+		first := true
+		n, err := a.db.reap(context.Background(), 10, func() {
+			if first {
+				first = false
+				close(inBatch)
+				<-proceed
+			}
+		})
+		done <- result{n, err}
+	}()
+	<-inBatch
+	if n, err := b.db.reap(context.Background(), 10, nil); !errors.Is(err, errReaperBusy) || n != 0 {
+		t.Errorf("second reaper during the first's run = %d, %v; want errReaperBusy", n, err)
+	}
+	close(proceed)
+	if r := <-done; r.err != nil || r.n != 50 {
+		t.Fatalf("first reaper = %d, %v; want 50", r.n, r.err)
+	}
+	if n, err := b.db.reap(context.Background(), 10, nil); err != nil || n != 0 {
+		t.Fatalf("second reaper after the first's run = %d, %v; want 0, nil", n, err)
+	}
+}
+
+// A takeover and the reaper racing for one expired row: the new claim must
+// survive.
+func TestReaperSparesTakenOverRows(t *testing.T) {
+	s := provision(t, &Store{DSN: shared.DSN(), Table: newTable()})
+	ctx := context.Background()
+	for range 20 {
+		k := storetest.NewKey()
+		if _, err := s.Acquire(ctx, k, claim(time.Millisecond)); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(2 * time.Millisecond)
+		fresh := claim(time.Minute)
+		reaped := make(chan error)
+		go func() {
+			_, err := s.db.reap(ctx, 1000, nil)
+			reaped <- err
+		}()
+		if rec, err := s.Acquire(ctx, k, fresh); rec != nil || err != nil {
+			t.Fatalf("takeover = %+v, %v", rec, err)
+		}
+		if err := <-reaped; err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Renew(ctx, k, fresh.Token, time.Minute); err != nil {
+			t.Fatalf("the new claim did not survive the reaper: %v", err)
+		}
+	}
+}
