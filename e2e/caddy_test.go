@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,13 +18,15 @@ import (
 
 // caddyProc is one caddy process run by a test.
 type caddyProc struct {
-	t       testing.TB
-	name    string
-	Addr    string // host:port of the site
-	URL     string // http://Addr
-	logPath string
-	cmd     *exec.Cmd
-	exited  chan struct{} // closed once the process has been waited for
+	t         testing.TB
+	name      string
+	Addr      string // host:port of the site
+	URL       string // http://Addr
+	logPath   string
+	port      int
+	adminPort int
+	cmd       *exec.Cmd
+	exited    chan struct{} // closed once the process has been waited for
 }
 
 // startCaddy runs the caddy binary with a Caddyfile whose one site, on a
@@ -51,31 +54,19 @@ var errPortTaken = errors.New("address already in use")
 func tryStartCaddy(t testing.TB, dir, name, site string, attempt int) (*caddyProc, error) {
 	t.Helper()
 	port, adminPort := freePort(t), freePort(t)
-	caddyfile := fmt.Sprintf(`{
-	admin 127.0.0.1:%d
-	auto_https off
-	persist_config off
-	grace_period 1s
-	default_bind 127.0.0.1
-}
-
-http://:%d {
-	log {
-		output stderr
-	}
-%s
-}
-`, adminPort, port, indent(site))
+	caddyfile := makeCaddyfile(port, adminPort, site)
 	cfgPath := filepath.Join(dir, fmt.Sprintf("Caddyfile.%d", attempt))
 	if err := os.WriteFile(cfgPath, []byte(caddyfile), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	c := &caddyProc{
-		t:       t,
-		name:    name,
-		Addr:    net.JoinHostPort("127.0.0.1", strconv.Itoa(port)),
-		logPath: filepath.Join(dir, fmt.Sprintf("caddy.%d.log", attempt)),
-		exited:  make(chan struct{}),
+		t:         t,
+		name:      name,
+		Addr:      net.JoinHostPort("127.0.0.1", strconv.Itoa(port)),
+		port:      port,
+		adminPort: adminPort,
+		logPath:   filepath.Join(dir, fmt.Sprintf("caddy.%d.log", attempt)),
+		exited:    make(chan struct{}),
 	}
 	c.URL = "http://" + c.Addr
 	logFile, err := os.Create(c.logPath)
@@ -121,6 +112,47 @@ http://:%d {
 			return nil, fmt.Errorf("caddy did not serve on %s within 30s", c.Addr)
 		}
 	}
+}
+
+// makeCaddyfile is the whole Caddyfile of a test instance: the admin API
+// and one site on loopback ports, no automatic HTTPS, access logs on
+// stderr, and a short grace period so that stopping is quick.
+func makeCaddyfile(port, adminPort int, site string) string {
+	return fmt.Sprintf(`{
+	admin 127.0.0.1:%d
+	auto_https off
+	persist_config off
+	grace_period 1s
+	default_bind 127.0.0.1
+}
+
+http://:%d {
+	log {
+		output stderr
+	}
+%s
+}
+`, adminPort, port, indent(site))
+}
+
+// Reload replaces the site's directives through the admin API, as
+// 'caddy reload' does. Caddy answers once the old configuration stopped,
+// which waits for its requests up to the grace period.
+func (c *caddyProc) Reload(site string) error {
+	body := makeCaddyfile(c.port, c.adminPort, site)
+	r, err := http.NewRequest(http.MethodPost, fmt.Sprintf("http://127.0.0.1:%d/load", c.adminPort), strings.NewReader(body))
+	if err != nil {
+		return err
+	}
+	r.Header.Set("Content-Type", "text/caddyfile")
+	res, err := do(newClient(), r)
+	if err != nil {
+		return fmt.Errorf("reloading caddy %s: %w", c.name, err)
+	}
+	if res.Status != http.StatusOK {
+		return fmt.Errorf("reloading caddy %s: %s", c.name, res)
+	}
+	return nil
 }
 
 // ready reports whether caddy has logged that it serves its configuration

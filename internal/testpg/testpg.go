@@ -85,8 +85,8 @@ func (s *Server) DSN() string {
 // Addr is the server's host:port.
 func (s *Server) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port)) }
 
-// Kill sends SIGKILL to the postmaster and all its backends at once and
-// waits for the postmaster to exit, like a crash of the database host.
+// Kill sends SIGKILL to the postmaster and all its backends and waits for
+// them to exit, like a crash of the database host.
 func (s *Server) Kill() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -216,8 +216,7 @@ func (s *Server) start() error {
 	)
 	cmd.Dir = s.base
 	cmd.Stdout, cmd.Stderr = logFile, logFile
-	// Its own process group lets Kill take the backends down with it.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred, Setpgid: true}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred}
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("running %s: %w", cmd.Path, err)
 	}
@@ -251,13 +250,80 @@ func (s *Server) start() error {
 	}
 }
 
+// killLocked kills the postmaster and its children. Each backend makes
+// itself a process group leader, so killing the postmaster's group is not
+// enough, and a backend that outlives its postmaster goes on answering its
+// client for a moment: the postmaster is stopped first, so that it forks no
+// more, and every child is killed with it.
 func (s *Server) killLocked() {
 	if s.cmd == nil {
 		return
 	}
-	_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
+	pid := s.cmd.Process.Pid
+	_ = syscall.Kill(pid, syscall.SIGSTOP)
+	children := childrenOf(pid)
+	_ = syscall.Kill(pid, syscall.SIGKILL)
+	for _, c := range children {
+		_ = syscall.Kill(c, syscall.SIGKILL)
+	}
 	<-s.exited
 	s.cmd = nil
+	// Orphans are reaped by init, not us: wait until none runs, so that
+	// their sockets are closed and a restart finds the shared memory free.
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
+		alive := false
+		for _, c := range children {
+			if running(c) {
+				alive = true
+			}
+		}
+		if !alive {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// childrenOf lists the processes whose parent is pid, from /proc.
+func childrenOf(pid int) []int {
+	entries, _ := os.ReadDir("/proc")
+	var children []int
+	for _, e := range entries {
+		child, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if _, ppid, ok := procStat(child); ok && ppid == pid {
+			children = append(children, child)
+		}
+	}
+	return children
+}
+
+// running reports whether pid exists and is not a zombie.
+func running(pid int) bool {
+	state, _, ok := procStat(pid)
+	return ok && state != "Z" && state != "X"
+}
+
+// procStat reads the state and parent of pid. The command name in the
+// stat line may hold spaces and parentheses, so fields count from its end.
+func procStat(pid int) (state string, ppid int, ok bool) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return "", 0, false
+	}
+	rest := string(b)
+	i := strings.LastIndexByte(rest, ')')
+	if i < 0 {
+		return "", 0, false
+	}
+	fields := strings.Fields(rest[i+1:])
+	if len(fields) < 2 {
+		return "", 0, false
+	}
+	ppid, err = strconv.Atoi(fields[1])
+	return fields[0], ppid, err == nil
 }
 
 // ready opens and closes one session; it fails while the server starts up.

@@ -26,9 +26,21 @@ func TestKillAndRestart(t *testing.T) {
 	if err := run(t, s.DSN(), "CREATE TABLE kept (n int); INSERT INTO kept VALUES (1)"); err != nil {
 		t.Fatalf("using the fresh server: %v", err)
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	open, err := pgconn.Connect(ctx, s.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer open.Close(ctx)
+
 	s.Kill()
 	if err := run(t, s.DSN(), "SELECT 1"); err == nil {
-		t.Fatal("the killed server still answers")
+		t.Fatal("the killed server accepts sessions")
+	}
+	// A backend must die with its postmaster, as on a crashed host.
+	if _, err := open.Exec(ctx, "SELECT 1").ReadAll(); err == nil {
+		t.Fatal("a session opened before the kill still answers")
 	}
 	s.Restart(t)
 	if err := run(t, s.DSN(), "SELECT n FROM kept"); err != nil {

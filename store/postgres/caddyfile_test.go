@@ -16,7 +16,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 	}{
 		{in: "postgres {\n dsn {env.DATABASE_URL}\n}", want: Store{DSN: "{env.DATABASE_URL}"}},
 		{
-			in: "postgres {\n dsn \"host=db user=app\"\n table keys\n schema app\n max_conns 8\n create_table off\n}",
+			in:   "postgres {\n dsn \"host=db user=app\"\n table keys\n schema app\n max_conns 8\n create_table off\n}",
 			want: Store{DSN: "host=db user=app", Table: "keys", Schema: "app", MaxConns: 8, CreateTable: &off},
 		},
 		{in: "postgres {\n dsn x\n create_table on\n}", want: Store{DSN: "x", CreateTable: &on}},

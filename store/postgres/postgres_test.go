@@ -99,12 +99,19 @@ func TestContract(t *testing.T) {
 	})
 }
 
+// Caddy must start while PostgreSQL is down, every call must fail fast with
+// ErrUnavailable while it is, and the same store must work again, creating
+// its table, once PostgreSQL is back; and again after a crash.
 func TestUnavailableThenRecovers(t *testing.T) {
 	srv := testpg.Start(t)
+	srv.Kill()
 	s := provision(t, &Store{DSN: srv.DSN(), Table: newTable()})
+	storetest.CheckUnavailable(t, s)
+
+	srv.Restart(t)
 	ctx := context.Background()
-	if _, err := s.Acquire(ctx, storetest.NewKey(), claim(time.Minute)); err != nil {
-		t.Fatalf("Acquire before the kill: %v", err)
+	if rec, err := s.Acquire(ctx, storetest.NewKey(), claim(time.Minute)); rec != nil || err != nil {
+		t.Fatalf("Acquire once PostgreSQL is up = %+v, %v; want a claim", rec, err)
 	}
 
 	srv.Kill()
@@ -114,7 +121,6 @@ func TestUnavailableThenRecovers(t *testing.T) {
 		t.Errorf("four calls on a dead PostgreSQL took %v", took)
 	}
 
-	// The same store, with no help, works once PostgreSQL is back.
 	srv.Restart(t)
 	k, c := storetest.NewKey(), claim(time.Minute)
 	if rec, err := s.Acquire(ctx, k, c); rec != nil || err != nil {
@@ -122,19 +128,6 @@ func TestUnavailableThenRecovers(t *testing.T) {
 	}
 	if err := s.Complete(ctx, k, c.Token, &store.Record{Status: 204}, time.Minute); err != nil {
 		t.Fatalf("Complete after the restart: %v", err)
-	}
-}
-
-// Caddy must start while PostgreSQL is down, and the table is created once
-// it is up.
-func TestProvisionWhileDown(t *testing.T) {
-	srv := testpg.Start(t)
-	srv.Kill()
-	s := provision(t, &Store{DSN: srv.DSN(), Table: newTable()})
-	storetest.CheckUnavailable(t, s)
-	srv.Restart(t)
-	if rec, err := s.Acquire(context.Background(), storetest.NewKey(), claim(time.Minute)); rec != nil || err != nil {
-		t.Fatalf("Acquire once PostgreSQL is up = %+v, %v; want a claim", rec, err)
 	}
 }
 
@@ -319,5 +312,93 @@ func BenchmarkReplay(b *testing.B) {
 		if got, err := s.Acquire(ctx, k, claim(time.Minute)); got == nil || err != nil {
 			b.Fatalf("Acquire = %+v, %v", got, err)
 		}
+	}
+}
+
+// With a connection per goroutine, the losers' statements start before the
+// winner's commits and see no row in their snapshot: they must run again
+// and find the claim, never report an error or a second win.
+func TestClaimRaceManyConnections(t *testing.T) {
+	s := provision(t, &Store{DSN: shared.DSN(), Table: newTable(), MaxConns: 32})
+	for range 20 {
+		k := storetest.NewKey()
+		var wg sync.WaitGroup
+		var winners atomic.Int32
+		start := make(chan struct{})
+		for range 32 {
+			wg.Go(func() {
+				<-start
+				rec, err := s.Acquire(context.Background(), k, claim(time.Minute))
+				switch {
+				case err != nil:
+					t.Errorf("Acquire: %v", err)
+				case rec == nil:
+					winners.Add(1)
+				case rec.State != store.InProgress:
+					t.Errorf("loser saw %+v", rec)
+				}
+			})
+		}
+		close(start)
+		wg.Wait()
+		if n := winners.Load(); n != 1 {
+			t.Fatalf("%d winners, want 1", n)
+		}
+	}
+}
+
+// A claim that commits while Acquire's statement waits on it is invisible to
+// that statement's snapshot: Acquire must run again and return it.
+func TestAcquireRacingAnUncommittedClaim(t *testing.T) {
+	s := provision(t, &Store{DSN: shared.DSN(), Table: newTable()})
+	ctx := context.Background()
+	if err := s.db.ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, shared.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	k, other := storetest.NewKey(), storetest.NewToken()
+	if _, err := tx.Exec(ctx, `INSERT INTO `+s.db.qualified+` (key, state, token, endpoint, fingerprint, expires_at)
+		VALUES ($1, 'in_progress', $2, 'POST /other', $3, now() + interval '1 minute')`, k[:], other[:], make([]byte, 32)); err != nil {
+		t.Fatal(err)
+	}
+
+	type result struct {
+		rec *store.Record
+		err error
+	}
+	done := make(chan result)
+	go func() {
+		rec, err := s.Acquire(ctx, k, claim(time.Minute))
+		done <- result{rec, err}
+	}()
+	// Wait until Acquire blocks on the uncommitted row, then commit it.
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		var waiting int
+		if err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_locks WHERE NOT granted").Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("Acquire never waited on the uncommitted claim")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if r.err != nil || r.rec == nil || r.rec.Token != other || r.rec.Endpoint != "POST /other" {
+		t.Fatalf("Acquire racing a committed claim = %+v, %v; want that claim", r.rec, r.err)
 	}
 }

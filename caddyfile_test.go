@@ -1,0 +1,239 @@
+package idempotency
+
+import (
+	"context"
+
+	"github.com/caddyserver/caddy/v2"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddytest"
+)
+
+func TestAdaptEveryOption(t *testing.T) {
+	caddytest.AssertAdapt(t, `
+:8080 {
+	idempotency /api/* {
+		key_header        X-Idempotency-Key
+		methods           POST PUT PATCH
+		required
+		scope             {http.request.header.X-Tenant}
+		ttl               48h
+		lock_timeout      1m
+		max_request_body  2MiB
+		max_response_body 512KiB
+		on_store_error    fail_open
+		replay_header     X-Replayed
+		store redis {
+			address    10.0.0.1:6379 10.0.0.2:6379
+			address    10.0.0.3:6379
+			username   app
+			password   {env.REDIS_PASSWORD}
+			db         2
+			key_prefix shop
+			tls
+		}
+	}
+	reverse_proxy 127.0.0.1:9000
+}`, "caddyfile", `{
+	"apps": {
+		"http": {
+			"servers": {
+				"srv0": {
+					"listen": [
+						":8080"
+					],
+					"routes": [
+						{
+							"match": [
+								{
+									"path": [
+										"/api/*"
+									]
+								}
+							],
+							"handle": [
+								{
+									"handler": "idempotency",
+									"key_header": "X-Idempotency-Key",
+									"lock_timeout": 60000000000,
+									"max_request_body": 2097152,
+									"max_response_body": 524288,
+									"methods": [
+										"POST",
+										"PUT",
+										"PATCH"
+									],
+									"on_store_error": "fail_open",
+									"replay_header": "X-Replayed",
+									"required": true,
+									"scope": "{http.request.header.X-Tenant}",
+									"store": {
+										"addresses": [
+											"10.0.0.1:6379",
+											"10.0.0.2:6379",
+											"10.0.0.3:6379"
+										],
+										"db": 2,
+										"key_prefix": "shop",
+										"module": "redis",
+										"password": "{env.REDIS_PASSWORD}",
+										"tls": true,
+										"username": "app"
+									},
+									"ttl": 172800000000000
+								}
+							]
+						},
+						{
+							"handle": [
+								{
+									"handler": "reverse_proxy",
+									"upstreams": [
+										{
+											"dial": "127.0.0.1:9000"
+										}
+									]
+								}
+							]
+						}
+					]
+				}
+			}
+		}
+	}
+}`)
+}
+
+// The directive runs inside authentication and compression and before
+// every handler that answers, whatever order the Caddyfile lists them in.
+func TestAdaptDirectiveOrder(t *testing.T) {
+	caddytest.AssertAdapt(t, `
+:8080 {
+	reverse_proxy 127.0.0.1:9000
+	idempotency {
+		store memory
+	}
+	encode gzip
+	basic_auth {
+		alice $2a$04$abcdefghijklmnopqrstuuO0K4qJvYy0pI8lq3c6oTiGxqfxtM2ae
+	}
+}`, "caddyfile", `{
+	"apps": {
+		"http": {
+			"servers": {
+				"srv0": {
+					"listen": [
+						":8080"
+					],
+					"routes": [
+						{
+							"handle": [
+								{
+									"handler": "authentication",
+									"providers": {
+										"http_basic": {
+											"accounts": [
+												{
+													"password": "$2a$04$abcdefghijklmnopqrstuuO0K4qJvYy0pI8lq3c6oTiGxqfxtM2ae",
+													"username": "alice"
+												}
+											],
+											"hash": {
+												"algorithm": "bcrypt"
+											},
+											"hash_cache": {}
+										}
+									}
+								},
+								{
+									"encodings": {
+										"gzip": {}
+									},
+									"handler": "encode",
+									"prefer": [
+										"gzip"
+									]
+								},
+								{
+									"handler": "idempotency",
+									"store": {
+										"module": "memory"
+									}
+								},
+								{
+									"handler": "reverse_proxy",
+									"upstreams": [
+										{
+											"dial": "127.0.0.1:9000"
+										}
+									]
+								}
+							]
+						}
+					]
+				}
+			}
+		}
+	}
+}`)
+}
+
+func TestUnmarshalCaddyfileErrors(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{`idempotency extra`, "unexpected argument 'extra'"},
+		{"idempotency {\n colour blue\n}", "unrecognized subdirective 'colour'"},
+		{"idempotency {\n ttl 1h\n ttl 2h\n}", "ttl already specified"},
+		{"idempotency {\n ttl soon\n}", "ttl: invalid duration 'soon'"},
+		{"idempotency {\n ttl -5s\n}", "ttl: invalid duration '-5s'"},
+		{"idempotency {\n lock_timeout\n}", "lock_timeout: missing value"},
+		{"idempotency {\n lock_timeout 1s 2s\n}", "lock_timeout: want one value, got extra '2s'"},
+		{"idempotency {\n max_request_body huge\n}", "max_request_body: invalid size 'huge'"},
+		{"idempotency {\n max_response_body 0\n}", "max_response_body: invalid size '0'"},
+		{"idempotency {\n on_store_error ignore\n}", "on_store_error: want fail_closed or fail_open, got 'ignore'"},
+		{"idempotency {\n required yes\n}", "required takes no argument, got 'yes'"},
+		{"idempotency {\n methods\n}", "methods: want at least one method"},
+		{"idempotency {\n key_header\n}", "key_header: missing value"},
+		{"idempotency {\n store\n}", "store: want a store name"},
+		{"idempotency {\n store dynamo\n}", "http.idempotency.stores.dynamo"},
+		{"idempotency {\n store memory\n store memory\n}", "store already specified"},
+		{"idempotency {\n store redis {\n  db x\n }\n}", "db"},
+		{"idempotency {\n store redis {\n  colour blue\n }\n}", "unrecognized subdirective 'colour'"},
+	} {
+		err := new(Handler).UnmarshalCaddyfile(caddyfile.NewTestDispenser(tc.in))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: error %v, want one containing %q", tc.in, err, tc.want)
+		}
+		if err != nil && !strings.Contains(err.Error(), "Testfile:") {
+			t.Errorf("%q: error %q does not name the line", tc.in, err)
+		}
+	}
+}
+
+func TestValidateRefusesBadJSONConfig(t *testing.T) {
+	for _, tc := range []struct {
+		h    Handler
+		want string
+	}{
+		{Handler{KeyHeader: "bad header"}, "key_header"},
+		{Handler{ReplayHeader: "x:y"}, "replay_header"},
+		{Handler{Methods: []string{"PO ST"}}, "methods"},
+		{Handler{TTL: -1}, "ttl"},
+		{Handler{LockTimeout: 1000}, "lock_timeout"},
+		{Handler{MaxRequestBody: -1}, "max_request_body"},
+		{Handler{MaxResponseBody: -1}, "max_response_body"},
+		{Handler{OnStoreError: "retry"}, "on_store_error"},
+	} {
+		h := tc.h
+		h.StoreRaw = storeConfigs[0].raw(t)
+		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+		if err := h.Provision(ctx); err != nil {
+			t.Fatalf("Provision: %v", err)
+		}
+		if err := h.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: Validate = %v, want an error naming %s", tc.h, err, tc.want)
+		}
+		cancel()
+	}
+}
