@@ -14,7 +14,7 @@ func TestReloadKeepsKeys(t *testing.T) {
 	t.Parallel()
 	stores(t, func(t *testing.T, storeOptions string) {
 		u := startUpstream(t)
-		site := proxySite(u, storeOptions)
+		site := proxySite(u, storeOptions+"\nlock_timeout 1500ms")
 		c := startCaddy(t, "caddy", site)
 		cl := newClient()
 		mk := func(key string, hdr ...string) func() *http.Request {
@@ -25,10 +25,14 @@ func TestReloadKeepsKeys(t *testing.T) {
 		done := send(t, cl, mk("done-1")())
 		wantStatus(t, "request before the reload", done, http.StatusCreated)
 
-		inflight := make(chan error, 1)
+		type answer struct {
+			res response
+			err error
+		}
+		inflight := make(chan answer, 1)
 		go func() {
-			_, err := do(newClient(), mk("inflight-1", hdrGate, "1")())
-			inflight <- err
+			res, err := do(newClient(), mk("inflight-1", hdrGate, "1")())
+			inflight <- answer{res, err}
 		}()
 		select {
 		case <-u.startedCh("inflight-1"):
@@ -37,8 +41,10 @@ func TestReloadKeepsKeys(t *testing.T) {
 		}
 
 		// The new configuration marks its answers.
-		reloaded := make(chan error, 1)
-		go func() { reloaded <- c.Reload(site + "\nheader X-Config v2") }()
+		reloadStart := time.Now()
+		if err := c.Reload(site + "\nheader X-Config v2"); err != nil {
+			t.Fatal(err)
+		}
 		fresh := &http.Client{Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true}, Timeout: 10 * time.Second}
 		var r response
 		if !eventually(10*time.Second, 20*time.Millisecond, func() bool {
@@ -50,18 +56,21 @@ func TestReloadKeepsKeys(t *testing.T) {
 		wantReplay(t, "completed key after the reload", done, r)
 		wantProblem(t, "in-flight key after the reload", send(t, fresh, mk("inflight-1")()), http.StatusConflict, "outstanding", true)
 
-		// The old configuration stops once its grace period (1s) is over,
-		// cutting off the in-flight client; the upstream answers later.
-		if err := <-reloaded; err != nil {
-			t.Fatal(err)
-		}
-		select {
-		case err := <-inflight:
-			t.Logf("in-flight client after the grace period: %v", err)
-		case <-time.After(5 * time.Second):
-			t.Fatal("the in-flight client was not cut off after the grace period")
-		}
+		// The old configuration is cleaned up once its grace period (1s)
+		// is over, while its request still runs and renews its claim
+		// (every 500ms).
+		time.Sleep(time.Until(reloadStart.Add(2 * time.Second)))
+		wantProblem(t, "in-flight key after the grace period", send(t, fresh, mk("inflight-1")()), http.StatusConflict, "outstanding", true)
 		u.openGate()
+		select {
+		case a := <-inflight:
+			if a.err != nil {
+				t.Fatalf("in-flight client: %v", a.err)
+			}
+			wantStatus(t, "in-flight client", a.res, http.StatusCreated)
+		case <-time.After(5 * time.Second):
+			t.Fatal("the in-flight client got no answer")
+		}
 		if !eventually(5*time.Second, 10*time.Millisecond, func() bool { return u.completions("inflight-1") > 0 }) {
 			t.Fatalf("the upstream did not complete the in-flight request (cancelled %d)", u.cancelled("inflight-1"))
 		}

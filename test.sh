@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Runs the whole test suite: vet, formatting, and every test with the race
+# detector, including the end-to-end tests of the xcaddy-built binary.
+# Installs the servers the tests start themselves (redis-server, PostgreSQL)
+# when they are missing and this runs as root on Debian/Ubuntu.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+have_initdb() {
+	command -v initdb >/dev/null 2>&1 || compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null
+}
+
+missing=()
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
+have_initdb || missing+=(postgresql)
+if ((${#missing[@]})); then
+	if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+		echo "test.sh: missing ${missing[*]}; install them and run again" >&2
+		exit 1
+	fi
+	echo "test.sh: installing ${missing[*]}" >&2
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+go vet ./...
+unformatted=$(gofmt -l .)
+if [ -n "$unformatted" ]; then
+	echo "test.sh: gofmt would change: $unformatted" >&2
+	exit 1
+fi
+go test -race -count=1 -timeout 20m ./...
