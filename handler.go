@@ -71,7 +71,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	defer putBuffer(body)
 
 	key := store.NewKey(repl.ReplaceAll(h.Scope, ""), clientKey)
-	repl.Set("http.idempotency.key", key.String())
+	repl.Set("http.idempotency.key", key) // hex-encoded only if a log asks
 	claim := &store.Claim{
 		Token:       newToken(),
 		Endpoint:    endpoint(r),
@@ -213,14 +213,44 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, next caddyhttp
 			panic(p)
 		}
 	}()
-	// The client's disconnect must not cancel the work it asked for: the
-	// upstream runs to completion and its answer is stored for the retry.
-	// Values (replacer, vars, logger) are kept.
-	r = r.WithContext(context.WithoutCancel(r.Context()))
-	err = next.ServeHTTP(rw, r)
+	ctx, detach := h.detach(r.Context())
+	defer detach()
+	err = next.ServeHTTP(rw, r.WithContext(ctx))
 	hb.stop() // before finishing, so a last renewal cannot race the release
 	h.finish(key, c, rw, err, false)
 	return err
+}
+
+// detach returns the context the work runs under. The client's disconnect
+// must not cancel the work it asked for: the upstream runs on and its
+// answer is stored for the client's retry. But a hung upstream must not
+// hold the claim for ever (the heartbeat would renew it as long as the
+// request runs), so once the client is gone the work gets one more lease
+// to finish, then is cancelled. Values (replacer, vars, logger) are kept.
+func (h *Handler) detach(parent context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.WithoutCancel(parent))
+	var (
+		mu    sync.Mutex
+		grace *time.Timer
+		done  bool
+	)
+	stop := context.AfterFunc(parent, func() {
+		mu.Lock()
+		if !done {
+			grace = time.AfterFunc(time.Duration(h.LockTimeout), cancel)
+		}
+		mu.Unlock()
+	})
+	return ctx, func() {
+		stop()
+		mu.Lock()
+		done = true
+		if grace != nil {
+			grace.Stop()
+		}
+		mu.Unlock()
+		cancel()
+	}
 }
 
 // finish stores the response of a claimed request, or releases the claim

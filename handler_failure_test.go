@@ -121,6 +121,33 @@ func TestClientDisconnectDoesNotLoseTheResult(t *testing.T) {
 	})
 }
 
+func TestHungUpstreamIsCancelledOneLeaseAfterTheClientLeft(t *testing.T) {
+	h := provision(t, storeConfigs[0].raw(t), func(h *Handler) { h.LockTimeout = caddy.Duration(time.Second) })
+	cancelled := make(chan time.Time, 1)
+	b := &backend{serve: func(w http.ResponseWriter, r *http.Request) error {
+		<-r.Context().Done() // hangs until the handler gives up on it
+		cancelled <- time.Now()
+		return caddyhttp.Error(http.StatusBadGateway, r.Context().Err())
+	}}
+	ctx, leave := context.WithCancel(context.Background())
+	req, _ := withReplacer(post("/p", "k", "x").WithContext(ctx))
+	go h.ServeHTTP(httptest.NewRecorder(), req, b)
+	waitFor(t, func() bool { return b.runs.Load() == 1 })
+	left := time.Now()
+	leave()
+	select {
+	case at := <-cancelled:
+		if d := at.Sub(left); d < 900*time.Millisecond || d > 3*time.Second {
+			t.Fatalf("upstream cancelled %v after the client left, want one lock_timeout (1s)", d)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a hung upstream was never cancelled after its client left")
+	}
+	// The failed attempt released the claim: the retry runs.
+	b.serve = nil
+	waitFor(t, func() bool { return do(h, b, post("/p", "k", "x")).Code == 201 })
+}
+
 func TestPanicAfterHeadersIsNeverRunAgain(t *testing.T) {
 	eachStore(t, func(t *testing.T, raw json.RawMessage) {
 		h := provision(t, raw, nil)
