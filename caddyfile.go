@@ -36,6 +36,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		max_request_body  <size>
 //		max_response_body <size>
 //		on_store_error    fail_closed | fail_open
+//		on_conflict       reject | wait <max_duration>
 //		replay_header     <name>
 //		store             <module> [{ ... }]
 //	}
@@ -84,6 +85,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if err == nil && h.OnStoreError != failClosed && h.OnStoreError != failOpen {
 				return d.Errf("on_store_error: want fail_closed or fail_open, got '%s'", h.OnStoreError)
 			}
+		case "on_conflict":
+			err = h.unmarshalOnConflict(d)
 		case "store":
 			err = h.unmarshalStore(d)
 		default:
@@ -108,6 +111,27 @@ func (h *Handler) unmarshalStore(d *caddyfile.Dispenser) error {
 		return err
 	}
 	h.StoreRaw = caddyconfig.JSONModuleObject(unm, "module", name, nil)
+	return nil
+}
+
+func (h *Handler) unmarshalOnConflict(d *caddyfile.Dispenser) error {
+	if !d.NextArg() {
+		return d.Errf("on_conflict: want reject or wait <max_duration>")
+	}
+	switch h.OnConflict = d.Val(); h.OnConflict {
+	case conflictReject:
+		if d.NextArg() {
+			return d.Errf("on_conflict reject takes no duration, got '%s'", d.Val())
+		}
+	case conflictWait:
+		dur, err := durationArg(d)
+		if err != nil {
+			return err
+		}
+		h.MaxWait = dur
+	default:
+		return d.Errf("on_conflict: want reject or wait, got '%s'", h.OnConflict)
+	}
 	return nil
 }
 

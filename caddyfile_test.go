@@ -24,6 +24,7 @@ func TestAdaptEveryOption(t *testing.T) {
 		max_request_body  2MiB
 		max_response_body 512KiB
 		on_store_error    fail_open
+		on_conflict       wait 5s
 		replay_header     X-Replayed
 		store redis {
 			address    10.0.0.1:6379 10.0.0.2:6379
@@ -60,11 +61,13 @@ func TestAdaptEveryOption(t *testing.T) {
 									"lock_timeout": 60000000000,
 									"max_request_body": 2097152,
 									"max_response_body": 524288,
+									"max_wait": 5000000000,
 									"methods": [
 										"POST",
 										"PUT",
 										"PATCH"
 									],
+									"on_conflict": "wait",
 									"on_store_error": "fail_open",
 									"replay_header": "X-Replayed",
 									"required": true,
@@ -192,6 +195,10 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		{"idempotency {\n max_request_body huge\n}", "max_request_body: invalid size 'huge'"},
 		{"idempotency {\n max_response_body 0\n}", "max_response_body: invalid size '0'"},
 		{"idempotency {\n on_store_error ignore\n}", "on_store_error: want fail_closed or fail_open, got 'ignore'"},
+		{"idempotency {\n on_conflict queue\n}", "on_conflict: want reject or wait, got 'queue'"},
+		{"idempotency {\n on_conflict wait\n}", "wait: missing value"},
+		{"idempotency {\n on_conflict wait never\n}", "wait: invalid duration 'never'"},
+		{"idempotency {\n on_conflict reject 5s\n}", "on_conflict reject takes no duration, got '5s'"},
 		{"idempotency {\n required yes\n}", "required takes no argument, got 'yes'"},
 		{"idempotency {\n methods\n}", "methods: want at least one method"},
 		{"idempotency {\n key_header\n}", "key_header: missing value"},
@@ -224,6 +231,8 @@ func TestValidateRefusesBadJSONConfig(t *testing.T) {
 		{Handler{MaxRequestBody: -1}, "max_request_body"},
 		{Handler{MaxResponseBody: -1}, "max_response_body"},
 		{Handler{OnStoreError: "retry"}, "on_store_error"},
+		{Handler{OnConflict: "queue"}, "on_conflict"},
+		{Handler{OnConflict: "wait"}, "max_wait"},
 	} {
 		h := tc.h
 		h.StoreRaw = storeConfigs[0].raw(t)

@@ -82,6 +82,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	switch {
 	case err != nil:
 		return h.storeFailed(w, r, repl, next, key, err)
+	case rec != nil && rec.State == store.InProgress && h.MaxWait > 0 &&
+		rec.Endpoint == claim.Endpoint && rec.Fingerprint == claim.Fingerprint:
+		return h.wait(w, r, repl, next, key, claim)
 	case rec != nil:
 		return h.answerFromRecord(w, repl, rec, claim)
 	}
@@ -256,6 +259,7 @@ func (h *Handler) detach(parent context.Context) (context.Context, context.Cance
 // finish stores the response of a claimed request, or releases the claim
 // when a retry should run the request anew.
 func (h *Handler) finish(key store.Key, c *store.Claim, rw *recorder, handlerErr error, aborted bool) {
+	defer finished.done(key)
 	ctx, cancel := context.WithTimeout(context.Background(), storeOpTimeout)
 	defer cancel()
 

@@ -37,6 +37,8 @@ const (
 	defaultReplayHeader = "Idempotent-Replayed"
 	failClosed          = "fail_closed"
 	failOpen            = "fail_open"
+	conflictReject      = "reject"
+	conflictWait        = "wait"
 )
 
 var defaultMethods = []string{http.MethodPost, http.MethodPatch}
@@ -84,6 +86,16 @@ type Handler struct {
 	// fail_closed answers 503 with Retry-After and runs nothing; fail_open
 	// runs the request unprotected and logs it. Default: fail_closed.
 	OnStoreError string `json:"on_store_error,omitempty"`
+
+	// OnConflict is what a duplicate gets while the first request with its
+	// key is still running: "reject" answers 409 with Retry-After at once;
+	// "wait" holds the duplicate until the first request ends (then answers
+	// it with the replay) or until MaxWait has passed (then 409).
+	// Default: reject.
+	OnConflict string `json:"on_conflict,omitempty"`
+
+	// MaxWait bounds how long a duplicate waits with on_conflict wait.
+	MaxWait caddy.Duration `json:"max_wait,omitempty"`
 
 	// ReplayHeader is the response header set to "true" on replays.
 	// Default: Idempotent-Replayed.
@@ -138,6 +150,12 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.OnStoreError == "" {
 		h.OnStoreError = failClosed
 	}
+	if h.OnConflict == "" {
+		h.OnConflict = conflictReject
+	}
+	if h.OnConflict == conflictReject {
+		h.MaxWait = 0
+	}
 	if h.ReplayHeader == "" {
 		h.ReplayHeader = defaultReplayHeader
 	}
@@ -187,6 +205,12 @@ func (h *Handler) Validate() error {
 	}
 	if h.OnStoreError != failClosed && h.OnStoreError != failOpen {
 		return fmt.Errorf("on_store_error: want fail_closed or fail_open, got %q", h.OnStoreError)
+	}
+	if h.OnConflict != conflictReject && h.OnConflict != conflictWait {
+		return fmt.Errorf("on_conflict: want reject or wait, got %q", h.OnConflict)
+	}
+	if h.OnConflict == conflictWait && h.MaxWait <= 0 {
+		return fmt.Errorf("on_conflict wait needs a positive max_wait, got %v", time.Duration(h.MaxWait))
 	}
 	return nil
 }

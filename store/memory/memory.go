@@ -45,6 +45,7 @@ type Memory struct {
 
 	tab     *table
 	poolKey string
+	cleaned bool
 }
 
 // CaddyModule returns the Caddy module information.
@@ -86,12 +87,14 @@ func (m *Memory) Validate() error {
 	return nil
 }
 
-// Cleanup detaches from the table; the last user stops its sweeper.
+// Cleanup detaches from the table; the last user stops its sweeper. The
+// table stays usable: requests of the old config may still be finishing
+// after a reload, and their responses must be stored.
 func (m *Memory) Cleanup() error {
-	if m.tab == nil {
+	if m.tab == nil || m.cleaned {
 		return nil
 	}
-	m.tab = nil
+	m.cleaned = true
 	_, err := tables.Delete(m.poolKey)
 	return err
 }
