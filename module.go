@@ -19,7 +19,9 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-idempotency/caddy-idempotency/store"
+	_ "github.com/caddy-idempotency/caddy-idempotency/store/file"
 	_ "github.com/caddy-idempotency/caddy-idempotency/store/memory" // the default store
+	_ "github.com/caddy-idempotency/caddy-idempotency/store/postgres"
 	_ "github.com/caddy-idempotency/caddy-idempotency/store/redis"
 )
 

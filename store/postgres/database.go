@@ -15,10 +15,12 @@ import (
 // The reaper deletes expired rows only to bound the table's size: reads and
 // claims already treat them as absent.
 const (
-	reapInterval = time.Minute
-	reapBatch    = 1000
-	reapTimeout  = 30 * time.Second
+	reapBatch   = 1000
+	reapTimeout = 30 * time.Second
 )
+
+// reapInterval is a variable for tests; each database reads it once.
+var reapInterval = time.Minute
 
 // errReaperBusy means another store, in this process or another, holds the
 // reaper lock of the table.
@@ -33,6 +35,7 @@ type database struct {
 	ddl       string // DDL under the table's advisory lock
 	reapLock  int64
 	create    bool
+	interval  time.Duration
 	logger    *zap.Logger
 
 	// ready is set once the table is known to exist (or create_table is
@@ -62,6 +65,7 @@ func newDatabase(cfg *pgxpool.Config, schema, table string, create bool, logger 
 		ddl:       fmt.Sprintf("SELECT pg_advisory_xact_lock(%d);\n%s", lockID("ddl", name), DDL(schema, table)),
 		reapLock:  lockID("reap", name),
 		create:    create,
+		interval:  reapInterval,
 		logger:    logger,
 		ensuring:  make(chan struct{}, 1),
 		done:      make(chan struct{}),
@@ -131,10 +135,10 @@ func (db *database) ensure(ctx context.Context) error {
 }
 
 // run creates the table as soon as the database answers, then reaps
-// expired rows every reapInterval until Destruct.
+// expired rows every interval until Destruct.
 func (db *database) run(ctx context.Context) {
 	defer close(db.done)
-	tick := time.NewTicker(reapInterval)
+	tick := time.NewTicker(db.interval)
 	defer tick.Stop()
 	for {
 		if db.create {
@@ -175,13 +179,13 @@ func (db *database) reap(ctx context.Context, batch int, afterBatch func()) (del
 	}
 	var locked bool
 	err = conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", db.reapLock).Scan(&locked)
-	if err != nil || !locked {
-		// On an error the lock may or may not be held: drop the session so
-		// that the server releases whatever it holds.
-		if err != nil {
-			closeConn(conn)
-			return 0, unavailable("reaping", err)
-		}
+	if err != nil {
+		// The lock may or may not be held: drop the session so that the
+		// server releases whatever it holds.
+		closeConn(conn)
+		return 0, unavailable("reaping", err)
+	}
+	if !locked {
 		conn.Release()
 		return 0, errReaperBusy
 	}

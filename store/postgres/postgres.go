@@ -16,6 +16,7 @@ import (
 	"math"
 	"net/url"
 	"regexp"
+	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -47,7 +48,8 @@ type Store struct {
 	// DSN is the connection string, as a URL
 	// (postgres://user:password@host:5432/db?sslmode=verify-full) or as
 	// keyword=value pairs. Use a placeholder such as {env.DATABASE_URL} to
-	// keep the password out of the configuration. Required.
+	// keep the password out of the configuration. pgx settings such as
+	// pool_max_conns or default_query_exec_mode may be given in it. Required.
 	DSN string `json:"dsn,omitempty"`
 
 	// Table is the name of the table that holds the records.
@@ -183,14 +185,24 @@ var keywordPassword = regexp.MustCompile(`(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*
 // redactDSN hides the password of a URL or keyword=value DSN. Placeholders
 // are left alone: they are not secrets until resolved.
 func redactDSN(dsn string) string {
-	if u, err := url.Parse(dsn); err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql") {
-		if q := u.Query(); q.Has("password") {
-			q.Set("password", "xxxxx")
-			u.RawQuery = q.Encode()
-		}
-		return u.Redacted()
+	scheme, rest, isURL := strings.Cut(dsn, "://")
+	if !isURL {
+		return keywordPassword.ReplaceAllString(dsn, "${1}xxxxx")
 	}
-	return keywordPassword.ReplaceAllString(dsn, "${1}xxxxx")
+	u, err := url.Parse(dsn)
+	if err != nil {
+		// Too odd to parse, perhaps for a character in the password: hide
+		// everything before the host.
+		if i := strings.LastIndexByte(rest, '@'); i >= 0 {
+			return scheme + "://xxxxx" + rest[i:]
+		}
+		return dsn
+	}
+	if q := u.Query(); q.Has("password") {
+		q.Set("password", "xxxxx")
+		u.RawQuery = q.Encode()
+	}
+	return u.Redacted()
 }
 
 // DDL returns the statements that create the table and its index, for the

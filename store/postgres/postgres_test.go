@@ -184,7 +184,7 @@ func TestCreateTableOff(t *testing.T) {
 
 // Many instances starting at once all create the same table; none fails.
 func TestCreateTableConcurrently(t *testing.T) {
-	sqlExec(t, shared.DSN(), `CREATE SCHEMA "App"`)
+	sqlExec(t, shared.DSN(), `CREATE SCHEMA IF NOT EXISTS "App"`)
 	table := newTable()
 	var wg sync.WaitGroup
 	for i := range 8 {
@@ -260,6 +260,7 @@ func TestStringRedactsPassword(t *testing.T) {
 		"postgres://app@db/app?password=s3cret",
 		"host=db user=app password=s3cret dbname=app",
 		"host=db password='s3 cret' dbname=app",
+		"postgres://app:s3{cret@db/app",
 	} {
 		s := Store{DSN: dsn}
 		for _, out := range []string{s.String(), fmt.Sprintf("%v", s), fmt.Sprintf("%#v", s), fmt.Sprint(&s)} {

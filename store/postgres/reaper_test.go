@@ -111,3 +111,24 @@ func TestReaperSparesTakenOverRows(t *testing.T) {
 		}
 	}
 }
+
+// The background reaper runs on its own and stops with the last user.
+func TestReaperRunsAndStops(t *testing.T) {
+	defer func(d time.Duration) { reapInterval = d }(reapInterval)
+	reapInterval = 20 * time.Millisecond
+	s := provision(t, &Store{DSN: shared.DSN(), Table: newTable()})
+	fill(t, s, 30, 3)
+	for deadline := time.Now().Add(10 * time.Second); count(t, shared.DSN(), s.table) != 3; {
+		if time.Now().After(deadline) {
+			t.Fatal("the reaper did not delete the expired rows within 10s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	db := s.db
+	s.Cleanup()
+	select {
+	case <-db.done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the reaper still runs after Cleanup")
+	}
+}

@@ -1,0 +1,166 @@
+package file
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/caddy-idempotency/caddy-idempotency/store"
+)
+
+// A stored value is the record's expiry, Unix nanoseconds big endian (the
+// lease end while in progress, the TTL end once completed), followed by the
+// record in the shared codec. The fixed prefix lets the sweeper and the
+// owner check read a record's life and owner without decoding it.
+const (
+	expiryLen   = 8
+	tokenOffset = expiryLen + store.TokenOffset
+	ownerEnd    = tokenOffset + len(store.Token{})
+)
+
+// now is replaced by tests.
+var now = time.Now
+
+func expiresAt(v []byte) int64 { return int64(binary.BigEndian.Uint64(v)) }
+
+// live reports whether v holds a record whose lease or TTL has not passed.
+// A value too short to hold an expiry is treated as absent.
+func live(v []byte, t time.Time) bool {
+	return len(v) >= expiryLen && t.UnixNano() < expiresAt(v)
+}
+
+// ownedBy reports whether v is a live in-progress claim held by token.
+func ownedBy(v []byte, token store.Token, t time.Time) bool {
+	return live(v, t) && len(v) >= ownerEnd &&
+		v[expiryLen+1] == byte(store.InProgress) && bytes.Equal(v[tokenOffset:ownerEnd], token[:])
+}
+
+func appendValue(dst []byte, expires time.Time, rec *store.Record) []byte {
+	dst = binary.BigEndian.AppendUint64(dst, uint64(expires.UnixNano()))
+	return store.AppendRecord(dst, rec)
+}
+
+// liveRecord returns the live record of key, copied out of the
+// transaction's memory, or nil.
+func liveRecord(b *bolt.Bucket, key store.Key, t time.Time) (*store.Record, error) {
+	v := b.Get(key[:])
+	if !live(v, t) {
+		return nil, nil
+	}
+	rec, err := store.DecodeRecord(bytes.Clone(v[expiryLen:]))
+	if err != nil {
+		return nil, fmt.Errorf("decoding record: %w", err)
+	}
+	return rec, nil
+}
+
+// Acquire claims key for c unless a live record exists. A read-only
+// transaction answers replays and conflicts without taking the single
+// writer lock or syncing the file; only a claim writes, and it checks again
+// under the lock.
+func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (*store.Record, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, unavailable("acquiring", err)
+	}
+	var rec *store.Record
+	err := s.db.View(func(tx *bolt.Tx) error {
+		var err error
+		rec, err = liveRecord(tx.Bucket(records), key, now())
+		return err
+	})
+	if err != nil {
+		return nil, unavailable("acquiring", err)
+	}
+	if rec != nil {
+		return rec, nil
+	}
+	err = s.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(records)
+		t := now()
+		var err error
+		if rec, err = liveRecord(b, key, t); err != nil || rec != nil {
+			return err
+		}
+		return b.Put(key[:], appendValue(make([]byte, 0, 128), t.Add(c.Lease), &store.Record{
+			State:       store.InProgress,
+			Token:       c.Token,
+			Endpoint:    c.Endpoint,
+			Fingerprint: c.Fingerprint,
+			CreatedAt:   t,
+		}))
+	})
+	if err != nil {
+		return nil, unavailable("acquiring", err)
+	}
+	return rec, nil
+}
+
+// Complete replaces the claim held by token with rec, kept for ttl. The
+// claim's endpoint, fingerprint and creation time stay.
+func (s *Store) Complete(ctx context.Context, key store.Key, token store.Token, rec *store.Record, ttl time.Duration) error {
+	return s.update(ctx, "completing", key, token, func(b *bolt.Bucket, v []byte, t time.Time) error {
+		claim, err := store.DecodeRecord(v[expiryLen:])
+		if err != nil {
+			return fmt.Errorf("decoding claim: %w", err)
+		}
+		done := &store.Record{
+			State:       store.Completed,
+			Token:       token,
+			Endpoint:    claim.Endpoint,
+			Fingerprint: claim.Fingerprint,
+			CreatedAt:   claim.CreatedAt,
+			Status:      rec.Status,
+			Header:      rec.Header,
+			Body:        rec.Body,
+			Truncated:   rec.Truncated,
+		}
+		return b.Put(key[:], appendValue(make([]byte, 0, 256+len(rec.Body)), t.Add(ttl), done))
+	})
+}
+
+// Release deletes the claim held by token.
+func (s *Store) Release(ctx context.Context, key store.Key, token store.Token) error {
+	return s.update(ctx, "releasing", key, token, func(b *bolt.Bucket, _ []byte, _ time.Time) error {
+		return b.Delete(key[:])
+	})
+}
+
+// Renew sets the lease of the claim held by token to lease from now.
+func (s *Store) Renew(ctx context.Context, key store.Key, token store.Token, lease time.Duration) error {
+	return s.update(ctx, "renewing", key, token, func(b *bolt.Bucket, v []byte, t time.Time) error {
+		// v belongs to bbolt's memory map: write a copy.
+		nv := bytes.Clone(v)
+		binary.BigEndian.PutUint64(nv, uint64(t.Add(lease).UnixNano()))
+		return b.Put(key[:], nv)
+	})
+}
+
+// update runs fn in a write transaction if token holds key's claim, and
+// returns store.ErrNotOwner otherwise.
+func (s *Store) update(ctx context.Context, op string, key store.Key, token store.Token,
+	fn func(b *bolt.Bucket, v []byte, t time.Time) error) error {
+	if err := ctx.Err(); err != nil {
+		return unavailable(op, err)
+	}
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(records)
+		v, t := b.Get(key[:]), now()
+		if !ownedBy(v, token, t) {
+			return store.ErrNotOwner
+		}
+		return fn(b, v, t)
+	})
+	if err != nil && !errors.Is(err, store.ErrNotOwner) {
+		return unavailable(op, err)
+	}
+	return err
+}
+
+func unavailable(op string, err error) error {
+	return fmt.Errorf("%w: %s: %w", store.ErrUnavailable, op, err)
+}
