@@ -31,9 +31,13 @@ var benchUpstream = caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Re
 
 func benchStores(b *testing.B) map[string]json.RawMessage {
 	srv := testredis.Start(b)
+	dsn, _ := json.Marshal(sharedPostgres(b).DSN())
+	path, _ := json.Marshal(b.TempDir())
 	return map[string]json.RawMessage{
-		"memory": json.RawMessage(`{"module":"memory"}`),
-		"redis":  json.RawMessage(`{"module":"redis","addresses":["` + srv.Addr() + `"]}`),
+		"memory":   json.RawMessage(`{"module":"memory"}`),
+		"redis":    json.RawMessage(`{"module":"redis","addresses":["` + srv.Addr() + `"]}`),
+		"postgres": json.RawMessage(`{"module":"postgres","dsn":` + string(dsn) + `,"table":"idem_bench"}`),
+		"file":     json.RawMessage(`{"module":"file","path":` + string(path) + `}`),
 	}
 }
 
