@@ -81,6 +81,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	rec, err := h.store.Acquire(r.Context(), key, claim)
 	switch {
 	case err != nil:
+		h.withdraw(key, claim.Token)
 		return h.storeFailed(w, r, repl, next, key, err)
 	case rec != nil && rec.State == store.InProgress && h.MaxWait > 0 &&
 		rec.Endpoint == claim.Endpoint && rec.Fingerprint == claim.Fingerprint:
@@ -201,6 +202,29 @@ func (h *Handler) storeFailed(w http.ResponseWriter, r *http.Request, repl *cadd
 		zap.String("key_hash", key.String()), zap.Error(err))
 	h.problems.storeUnavailable.write(w)
 	return nil
+}
+
+// withdrawals bounds the background releases in flight, so that a long
+// outage under load cannot pile up goroutines.
+var withdrawals = make(chan struct{}, 64)
+
+// withdraw releases, in the background, a claim whose Acquire failed. A
+// timed-out claim may still land once the store recovers (the command was
+// only delayed); left alone, it would answer the client's retry with 409
+// for a whole lease although nothing runs. The token is unique to this
+// request, so the release can only ever remove this claim.
+func (h *Handler) withdraw(key store.Key, tok store.Token) {
+	select {
+	case withdrawals <- struct{}{}:
+	default:
+		return // the lease will expire the claim anyway
+	}
+	go func() {
+		defer func() { <-withdrawals }()
+		ctx, cancel := context.WithTimeout(context.Background(), storeOpTimeout)
+		defer cancel()
+		h.store.Release(ctx, key, tok)
+	}()
 }
 
 // execute runs the request as the owner of the key's claim and stores what

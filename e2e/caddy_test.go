@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -27,6 +28,7 @@ type caddyProc struct {
 	adminPort int
 	cmd       *exec.Cmd
 	exited    chan struct{} // closed once the process has been waited for
+	killed    bool          // by Kill: an exit the test asked for
 }
 
 // startCaddy runs the caddy binary with a Caddyfile whose one site, on a
@@ -88,6 +90,9 @@ func tryStartCaddy(t testing.TB, dir, name, site string, attempt int) (*caddyPro
 		close(c.exited)
 	}()
 	t.Cleanup(func() {
+		if !c.killed && c.Exited() {
+			t.Errorf("caddy %s died during the test (%v)", c.name, c.cmd.ProcessState)
+		}
 		c.stop()
 		if t.Failed() {
 			c.printLog()
@@ -145,7 +150,7 @@ func (c *caddyProc) Reload(site string) error {
 		return err
 	}
 	r.Header.Set("Content-Type", "text/caddyfile")
-	res, err := do(newClient(), r)
+	res, err := do(&http.Client{Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true}, Timeout: 30 * time.Second}, r)
 	if err != nil {
 		return fmt.Errorf("reloading caddy %s: %w", c.name, err)
 	}
@@ -178,10 +183,29 @@ func (c *caddyProc) Kill() {
 		c.t.Fatalf("caddy %s had already exited before Kill", c.name)
 	default:
 	}
+	c.killed = true
 	if err := c.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		c.t.Fatalf("killing caddy %s: %v", c.name, err)
 	}
 	<-c.exited
+}
+
+// Exited reports whether the process has exited.
+func (c *caddyProc) Exited() bool {
+	select {
+	case <-c.exited:
+		return true
+	default:
+		return false
+	}
+}
+
+// wantAlive fails the test if the process has exited.
+func (c *caddyProc) wantAlive(when string) {
+	c.t.Helper()
+	if c.Exited() {
+		c.t.Fatalf("caddy %s died %s (%v)", c.name, when, c.cmd.ProcessState)
+	}
 }
 
 // stop ends the process gracefully with SIGTERM, and with SIGKILL if it
@@ -226,12 +250,38 @@ func indent(s string) string {
 	return b.String()
 }
 
+// freePort returns a loopback port that is free and reserved for the rest
+// of the test. Caddy binds with SO_REUSEPORT, so two caddy processes given
+// the same port would both serve it, silently sharing its connections: a
+// port is therefore reserved with an abstract unix socket named after it,
+// which other tests, in this process or in another e2e test process, cannot
+// bind while it is held.
 func freePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("finding a free port: %v", err)
+	for range 50 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatalf("finding a free port: %v", err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		reserved := reservePort(t, port)
+		l.Close()
+		if reserved {
+			return port
+		}
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	t.Fatal("finding a free port: every port found was reserved by another test")
+	return 0
+}
+
+func reservePort(t testing.TB, port int) bool {
+	if runtime.GOOS != "linux" {
+		return true // no abstract sockets: rely on the kernel's choice
+	}
+	lock, err := net.Listen("unix", fmt.Sprintf("@caddy-idempotency-e2e-port-%d", port))
+	if err != nil {
+		return false
+	}
+	t.Cleanup(func() { lock.Close() })
+	return true
 }

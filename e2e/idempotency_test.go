@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"fmt"
 	"io"
@@ -45,7 +46,7 @@ func stores(t *testing.T, f func(t *testing.T, storeOptions string)) {
 	})
 }
 
-// Case 1: the basic protocol with the memory store.
+// The basic protocol, with the default (memory) store.
 func TestMemoryStoreProtocol(t *testing.T) {
 	t.Parallel()
 	u := startUpstream(t)
@@ -60,7 +61,7 @@ route {
 	idempotency
 	reverse_proxy %[1]s
 }`, u.host()))
-	cl := newClient()
+	cl := newClient(t)
 	body := []byte(`{"sku":"tea","qty":1}`)
 	post := func(key, path string, body []byte) *http.Request {
 		return req(http.MethodPost, c.URL+path, key, body, hdrCookie, "1")
@@ -117,7 +118,7 @@ route {
 	wantCount(t, "upstream runs on the required route", u.starts("strict-1"), 1)
 }
 
-// Case 2: concurrent duplicates run once; the others get 409 and, after
+// Concurrent duplicates run once; the others get 409 and, after
 // completion, the replay.
 func TestConcurrentDuplicates(t *testing.T) {
 	t.Parallel()
@@ -139,7 +140,7 @@ func concurrentDuplicates(t *testing.T, u *upstream, instances []*caddyProc) int
 		return req(http.MethodPost, instances[i%len(instances)].URL+"/payments", key, body,
 			hdrGate, "1", "Host", "api.test")
 	}
-	cl := newClient()
+	cl := newClient(t)
 	results := make([]response, n)
 	errs := make([]error, n)
 	var answered atomic.Int32
@@ -211,14 +212,14 @@ func concurrentDuplicates(t *testing.T, u *upstream, instances []*caddyProc) int
 	return winner % len(instances)
 }
 
-// Case 3, the headline story: the client gives up, the upstream finishes
-// anyway, and the retry gets the response the client missed.
+// The headline story: the client gives up, the upstream finishes anyway,
+// and the retry gets the response the client missed.
 func TestClientDisconnect(t *testing.T) {
 	t.Parallel()
 	stores(t, func(t *testing.T, storeOptions string) {
 		u := startUpstream(t)
 		c := startCaddy(t, "caddy", proxySite(u, storeOptions))
-		cl := newClient()
+		cl := newClient(t)
 		const key = "pay-1"
 		body := []byte(`{"amount":4200}`)
 		mk := func() *http.Request {
@@ -271,13 +272,13 @@ func TestClientDisconnect(t *testing.T) {
 	})
 }
 
-// Case 7: a response larger than max_response_body reaches the first client
+// A response larger than max_response_body reaches the first client
 // whole; a retry does not run again and gets a 409 problem.
 func TestLargeResponse(t *testing.T) {
 	t.Parallel()
 	u := startUpstream(t)
 	c := startCaddy(t, "caddy", proxySite(u, "max_response_body 1MiB"))
-	cl := newClient()
+	cl := newClient(t)
 	const key, size = "export-1", 2 << 20
 	mk := func() *http.Request {
 		return req(http.MethodPost, c.URL+"/exports", key, []byte(`{}`), hdrSize, strconv.Itoa(size))
@@ -290,15 +291,40 @@ func TestLargeResponse(t *testing.T) {
 	retry, _ := retryUntilSettled(t, cl, mk, 5*time.Second)
 	wantProblem(t, "retry of an oversized response", retry, http.StatusConflict, "unreplayable", false)
 	wantCount(t, "upstream runs", u.starts(key), 1)
+
+	// A client that leaves in the middle of the body: the upstream still
+	// completes, and the retry is refused the same way.
+	const key2 = "export-2"
+	leaving := func() *http.Request {
+		return req(http.MethodPost, c.URL+"/exports", key2, []byte(`{}`), hdrSize, strconv.Itoa(8<<20))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	res, err := cl.Do(leaving().WithContext(ctx))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(res.Body, make([]byte, 64<<10)); err != nil {
+		t.Fatalf("reading the start of the body: %v", err)
+	}
+	cancel()
+	res.Body.Close()
+	if !eventually(5*time.Second, 10*time.Millisecond, func() bool { return u.completions(key2)+u.cancelled(key2) > 0 }) {
+		t.Fatal("the upstream never finished")
+	}
+	wantCount(t, "upstream requests cancelled after the client left", u.cancelled(key2), 0)
+	retry, _ = retryUntilSettled(t, cl, leaving, 5*time.Second)
+	wantProblem(t, "retry after the client left an oversized response", retry, http.StatusConflict, "unreplayable", false)
+	wantCount(t, "upstream runs", u.starts(key2), 1)
 }
 
-// Case 8: a streamed response reaches the client as it is flushed, and the
+// A streamed response reaches the client as it is flushed, and the
 // retry replays it whole.
 func TestStreaming(t *testing.T) {
 	t.Parallel()
 	u := startUpstream(t)
 	c := startCaddy(t, "caddy", proxySite(u, ""))
-	cl := newClient()
+	cl := newClient(t)
 	const key = "stream-1"
 	mk := func() *http.Request {
 		return req(http.MethodPost, c.URL+"/events", key, []byte(`{}`), hdrStream, "1")
@@ -330,15 +356,88 @@ func TestStreaming(t *testing.T) {
 	retry, _ := retryUntilSettled(t, cl, mk, 5*time.Second)
 	wantReplay(t, "retry of a streamed response", response{Status: res.StatusCode, Header: res.Header, Body: whole}, retry)
 	wantCount(t, "upstream runs", u.starts(key), 1)
+
+	// A client that leaves after the first chunk: the upstream streams on,
+	// and the retry replays the whole stream.
+	const key2 = "stream-2"
+	leaving := func() *http.Request {
+		return req(http.MethodPost, c.URL+"/events", key2, []byte(`{}`), hdrStream, "1")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	res2, err := cl.Do(leaving().WithContext(ctx))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(res2.Body, chunk); err != nil {
+		t.Fatalf("reading the first chunk: %v", err)
+	}
+	cancel()
+	res2.Body.Close()
+	if !eventually(5*time.Second, 10*time.Millisecond, func() bool { return u.completions(key2)+u.cancelled(key2) > 0 }) {
+		t.Fatal("the upstream never finished")
+	}
+	wantCount(t, "upstream requests cancelled after the client left", u.cancelled(key2), 0)
+	retry, _ = retryUntilSettled(t, cl, leaving, 5*time.Second)
+	wantStatus(t, "retry after the client left the stream", retry, http.StatusCreated)
+	if !retry.replayed() || string(retry.Body) != firstChunk+secondChunk {
+		t.Fatalf("retry after the client left the stream did not replay it whole: %s", retry)
+	}
+	wantCount(t, "upstream runs", u.starts(key2), 1)
 }
 
-// Case 9: a 5xx answer is not stored; the retry runs again and its success
+// The handler sits inside encode: the stored response is the uncompressed
+// one, and each replay is encoded for the client that asks.
+func TestCompression(t *testing.T) {
+	t.Parallel()
+	u := startUpstream(t)
+	c := startCaddy(t, "caddy", "encode {\n\tgzip\n\tminimum_length 10\n}\n"+proxySite(u, ""))
+	cl := newClient(t)
+	const key = "gzip-1"
+	mk := func(acceptEncoding string) func() *http.Request {
+		return func() *http.Request {
+			return req(http.MethodPost, c.URL+"/orders", key, []byte(`{"sku":"tea"}`), "Accept-Encoding", acceptEncoding)
+		}
+	}
+	gunzip := func(r response) []byte {
+		t.Helper()
+		if r.Header.Get("Content-Encoding") != "gzip" {
+			t.Fatalf("not gzip-encoded: %s", r)
+		}
+		zr, err := gzip.NewReader(bytes.NewReader(r.Body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := io.ReadAll(zr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	first := send(t, cl, mk("gzip")())
+	wantStatus(t, "first request", first, http.StatusCreated)
+	plain := gunzip(first)
+	if !bytes.Equal(plain, u.sentBody(key, 1)) {
+		t.Fatalf("first answer decodes to %q, the upstream sent %q", plain, u.sentBody(key, 1))
+	}
+	gz, _ := retryUntilSettled(t, cl, mk("gzip"), 5*time.Second)
+	if !gz.replayed() || !bytes.Equal(gunzip(gz), plain) {
+		t.Fatalf("gzip replay: %s", gz)
+	}
+	id, _ := retryUntilSettled(t, cl, mk("identity"), 5*time.Second)
+	if !id.replayed() || id.Header.Get("Content-Encoding") != "" || !bytes.Equal(id.Body, plain) {
+		t.Fatalf("identity replay: %s", id)
+	}
+	wantCount(t, "upstream runs", u.starts(key), 1)
+}
+
+// A 5xx answer is not stored; the retry runs again and its success
 // is what later retries replay.
 func TestServerErrorIsRetried(t *testing.T) {
 	t.Parallel()
 	u := startUpstream(t)
 	c := startCaddy(t, "caddy", proxySite(u, ""))
-	cl := newClient()
+	cl := newClient(t)
 	const key = "flaky-1"
 	mk := func() *http.Request {
 		return req(http.MethodPost, c.URL+"/orders", key, []byte(`{"sku":"tea"}`), hdrStatus, "503,201")
@@ -359,13 +458,13 @@ func TestServerErrorIsRetried(t *testing.T) {
 	wantCount(t, "upstream runs after the third request", u.starts(key), 2)
 }
 
-// Case 10: the upstream receives the body exactly as sent, with a length or
+// The upstream receives the body exactly as sent, with a length or
 // chunked; the framing does not change the fingerprint.
 func TestRequestBodyIntact(t *testing.T) {
 	t.Parallel()
 	u := startUpstream(t)
 	c := startCaddy(t, "caddy", proxySite(u, "max_request_body 128KiB"))
-	cl := newClient()
+	cl := newClient(t)
 	body := make([]byte, 64<<10)
 	for i := range body {
 		body[i] = byte(i) // every byte value, 256 times

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"strings"
@@ -10,7 +11,7 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/internal/testredis"
 )
 
-// Case 4: two Caddy instances that share one Redis run a key once between
+// Two Caddy instances that share one Redis run a key once between
 // them, and the instance that lost the race replays the winner's answer.
 func TestTwoInstancesShareRedis(t *testing.T) {
 	t.Parallel()
@@ -25,7 +26,7 @@ func TestTwoInstancesShareRedis(t *testing.T) {
 	t.Logf("instance %s ran the request; instance %s replayed it", []string{"A", "B"}[winner], []string{"A", "B"}[1-winner])
 }
 
-// Case 5: an instance dies while it owns a claim. The other instance
+// An instance dies while it owns a claim. The other instance
 // refuses retries until the lease passes, then runs the request again: a
 // crashed owner leaves no response to replay, so the second run is the
 // documented price of the crash.
@@ -37,7 +38,7 @@ func TestOwnerKilledLeaseTakeover(t *testing.T) {
 	site := proxySite(u, redisStore(rd)+"\nlock_timeout 2s")
 	a := startCaddy(t, "A", site)
 	b := startCaddy(t, "B", site)
-	cl := newClient()
+	cl := newClient(t)
 	const key = "crash-1"
 	body := []byte(`{"amount":99}`)
 	mk := func(c *caddyProc) *http.Request {
@@ -73,9 +74,11 @@ func TestOwnerKilledLeaseTakeover(t *testing.T) {
 	}
 
 	var res response
+	var sentAt time.Time
 	conflicts := 0
 	deadline := killed.Add(lease + 3*time.Second)
 	for {
+		sentAt = time.Now()
 		res = send(t, cl, mk(b))
 		if res.Status != http.StatusConflict {
 			break
@@ -87,7 +90,7 @@ func TestOwnerKilledLeaseTakeover(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	took := time.Since(killed)
+	took := sentAt.Sub(killed) // when the successful retry was sent
 	t.Logf("kill-to-takeover: %v (lock_timeout %v; %d x 409 from B after the kill)", took.Round(time.Millisecond), lease, conflicts)
 	wantStatus(t, "B after the lease passed", res, http.StatusCreated)
 	if res.replayed() || res.Header.Get(hdrRun) != "2" {
@@ -97,15 +100,17 @@ func TestOwnerKilledLeaseTakeover(t *testing.T) {
 	if conflicts == 0 {
 		t.Fatalf("B took over at once (%v after the kill): A's lease was not respected", took)
 	}
-	if took > lease+500*time.Millisecond {
-		t.Fatalf("takeover took %v: more than the %v lease after the last renewal", took, lease)
+	// The lease ends at most one lease after A's last renewal, which came
+	// before the kill; the slack covers a loaded machine.
+	if took > lease+time.Second {
+		t.Fatalf("takeover took %v: far more than the %v lease after the last renewal", took, lease)
 	}
 	replay, _ := retryUntilSettled(t, cl, func() *http.Request { return mk(b) }, 5*time.Second)
 	wantReplay(t, "retry after the takeover", res, replay)
 	wantCount(t, "upstream starts after the replay", u.starts(key), 2)
 }
 
-// Case 6: Redis outages, with both on_store_error policies, and a Caddy
+// Redis outages, with both on_store_error policies, and a Caddy
 // that starts while Redis is down.
 func TestRedisOutage(t *testing.T) {
 	t.Parallel()
@@ -122,7 +127,7 @@ func TestRedisOutage(t *testing.T) {
 	t.Run("fail_closed", func(t *testing.T) {
 		t.Parallel()
 		rd, u, _, mk := setup(t, "on_store_error fail_closed")
-		cl := newClient()
+		cl := newClient(t)
 		wantStatus(t, "before the outage", send(t, cl, mk("before")), http.StatusCreated)
 
 		rd.Kill()
@@ -139,7 +144,7 @@ func TestRedisOutage(t *testing.T) {
 	t.Run("fail_open", func(t *testing.T) {
 		t.Parallel()
 		rd, u, c, mk := setup(t, "on_store_error fail_open")
-		cl := newClient()
+		cl := newClient(t)
 		rd.Kill()
 		for i := 1; i <= 2; i++ {
 			res := send(t, cl, mk("open"))
@@ -161,7 +166,7 @@ func TestRedisOutage(t *testing.T) {
 		rd.Kill()
 		u := startUpstream(t)
 		c := startCaddy(t, "caddy", proxySite(u, redisStore(rd)))
-		cl := newClient()
+		cl := newClient(t)
 		mk := func(key string) *http.Request {
 			return req(http.MethodPost, c.URL+"/orders", key, []byte(`{"sku":"tea"}`))
 		}
@@ -200,4 +205,50 @@ func waitForRecovery(t *testing.T, cl *http.Client, u *upstream, mk func(string)
 	replay, _ := retryUntilSettled(t, cl, func() *http.Request { return mk(key) }, 5*time.Second)
 	wantReplay(t, "retry after Redis came back", res, replay)
 	wantCount(t, "upstream runs after the retry", u.starts(key), 1)
+}
+
+// A Redis that stalls longer than the client's timeouts (here a 3.5s busy
+// script) makes Acquire fail, and the handler answers 503 "not processed,
+// retry later". But the claim's SET was only delayed, not lost: Redis
+// stores it when the stall ends.
+//
+// Known bug: nothing releases that claim, so the retries the 503 asked for
+// get 409 "still being processed" for a whole lock_timeout (30s by
+// default) although nothing runs.
+func TestRedisStallLeavesNoPhantomClaim(t *testing.T) {
+	t.Parallel()
+	rd := testredis.Start(t)
+	u := startUpstream(t)
+	c := startCaddy(t, "caddy", proxySite(u, redisStore(rd)+"\nlock_timeout 10s"))
+	cl := newClient(t)
+	mk := func() *http.Request {
+		return req(http.MethodPost, c.URL+"/orders", "stall-1", []byte(`{"sku":"tea"}`))
+	}
+	stalled := make(chan error, 1)
+	go func() {
+		stalled <- rd.Client().Eval(context.Background(), `
+local s = redis.call('TIME')
+while true do
+	local n = redis.call('TIME')
+	if (n[1]-s[1])*1000000 + (n[2]-s[2]) > 3500000 then break end
+end
+return 1`, nil).Err()
+	}()
+	time.Sleep(100 * time.Millisecond) // the script runs
+	res := send(t, cl, mk())
+	wantProblem(t, "request while Redis stalls", res, http.StatusServiceUnavailable, "store-unavailable", true)
+	if err := <-stalled; err != nil {
+		t.Fatalf("stalling Redis: %v", err)
+	}
+	wantCount(t, "upstream runs during the stall", u.starts("stall-1"), 0)
+
+	// Redis answers again: the retry the 503 asked for must run.
+	var r response
+	if !eventually(3*time.Second, 50*time.Millisecond, func() bool {
+		r = send(t, cl, mk())
+		return r.Status == http.StatusCreated
+	}) {
+		t.Fatalf("3s after Redis recovered, the retry still gets %s (upstream runs: %d)", r, u.starts("stall-1"))
+	}
+	wantCount(t, "upstream runs", u.starts("stall-1"), 1)
 }

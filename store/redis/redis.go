@@ -212,7 +212,10 @@ func (s *Store) Cleanup() error {
 		return nil
 	}
 	key := s.poolKey
-	s.poolKey, s.client = "", nil
+	// The client stays: requests of the old config may still be finishing
+	// after a reload; once the last user is gone their calls fail as
+	// unavailable instead of dereferencing nil.
+	s.poolKey = ""
 	if _, err := clients.Delete(key); err != nil {
 		return fmt.Errorf("closing redis client: %w", err)
 	}

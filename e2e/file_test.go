@@ -1,0 +1,233 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// fileStore is the store block for a database in dir.
+func fileStore(dir string) string {
+	return fmt.Sprintf(`store file {
+	path %q
+}`, dir)
+}
+
+// The protocol, concurrency and disconnect scenarios with the file store,
+// each on its own database.
+func TestFileStore(t *testing.T) {
+	t.Parallel()
+
+	t.Run("protocol", func(t *testing.T) {
+		t.Parallel()
+		dir := t.TempDir()
+		u := startUpstream(t)
+		c := startCaddy(t, "caddy", proxySite(u, fileStore(dir)))
+		durableProtocol(t, u, c)
+		if fi, err := os.Stat(filepath.Join(dir, "idempotency.db")); err != nil || fi.Size() == 0 {
+			t.Fatalf("the records are not in %s: %v", filepath.Join(dir, "idempotency.db"), err)
+		}
+	})
+
+	t.Run("concurrent_duplicates", func(t *testing.T) {
+		t.Parallel()
+		u := startUpstream(t)
+		c := startCaddy(t, "caddy", proxySite(u, fileStore(t.TempDir())))
+		concurrentDuplicates(t, u, []*caddyProc{c})
+	})
+
+	t.Run("client_disconnect", func(t *testing.T) {
+		t.Parallel()
+		u := startUpstream(t)
+		c := startCaddy(t, "caddy", proxySite(u, fileStore(t.TempDir())))
+		durableClientDisconnect(t, u, c)
+	})
+}
+
+// The file store keeps its records across the end of the Caddy process:
+// a SIGKILL after a completion, a SIGKILL during the upstream call, and a
+// graceful stop. The requests carry one Host, so that the restarted Caddy,
+// on another port, serves the same endpoint.
+func TestFileStoreRestart(t *testing.T) {
+	t.Parallel()
+
+	// Caddy is killed once the response is stored: the restarted Caddy
+	// replays it, and the upstream never runs again.
+	t.Run("killed_after_completion", func(t *testing.T) {
+		t.Parallel()
+		dir := t.TempDir()
+		u := startUpstream(t)
+		site := proxySite(u, fileStore(dir))
+		a := startCaddy(t, "A", site)
+		cl := newClient(t)
+		const key = "done-1"
+		mk := func(c *caddyProc) func() *http.Request {
+			return func() *http.Request {
+				return req(http.MethodPost, c.URL+"/orders", key, []byte(`{"sku":"tea"}`), hdrCookie, "1", "Host", "api.test")
+			}
+		}
+		first := send(t, cl, mk(a)())
+		wantStatus(t, "first request", first, http.StatusCreated)
+		// Once A replays, the record is committed (and synced) in the file.
+		replay, _ := retryUntilSettled(t, cl, mk(a), 10*time.Second)
+		wantReplay(t, "retry before the kill", first, replay)
+
+		a.Kill()
+		a2 := startCaddy(t, "A restarted", site)
+		replay = send(t, cl, mk(a2)())
+		wantReplay(t, "retry after the SIGKILL and restart", first, replay)
+		wantCount(t, "upstream runs", u.starts(key), 1)
+
+		// The restarted process claims new keys in the same file.
+		res := send(t, cl, req(http.MethodPost, a2.URL+"/orders", "new-1", []byte(`{}`), "Host", "api.test"))
+		wantStatus(t, "new key after the restart", res, http.StatusCreated)
+		wantCount(t, "upstream runs of the new key", u.starts("new-1"), 1)
+	})
+
+	// Caddy is killed while the upstream runs: the restarted Caddy finds
+	// the dead claim, refuses retries with 409 until its lease passes, then
+	// one retry runs the request again, as the README documents for a crash
+	// during the upstream call.
+	t.Run("killed_mid_request", func(t *testing.T) {
+		t.Parallel()
+		const lease = 2 * time.Second
+		dir := t.TempDir()
+		u := startUpstream(t)
+		site := proxySite(u, fileStore(dir)+"\nlock_timeout 2s")
+		a := startCaddy(t, "A", site)
+		cl := newClient(t)
+		const key = "crash-1"
+		mk := func(c *caddyProc) func() *http.Request {
+			return func() *http.Request {
+				// The first run takes 20s (A dies during it); the takeover is fast.
+				return req(http.MethodPost, c.URL+"/payments", key, []byte(`{"amount":99}`), hdrDelay, "20s,0", "Host", "api.test")
+			}
+		}
+		errc := make(chan error, 1)
+		go func() {
+			_, err := do(cl, mk(a)())
+			errc <- err
+		}()
+		select {
+		case <-u.startedCh(key):
+		case <-time.After(15 * time.Second):
+			t.Fatal("the request to A did not reach the upstream")
+		}
+		// Past one lease, the running request has renewed its claim.
+		time.Sleep(lease + 500*time.Millisecond)
+		wantProblem(t, "retry while A runs the request, past one lease", send(t, cl, mk(a)()), http.StatusConflict, "outstanding", true)
+
+		a.Kill()
+		killed := time.Now()
+		select {
+		case err := <-errc:
+			if err == nil {
+				t.Fatal("A's client got an answer although A was killed")
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("A's client did not notice that A died")
+		}
+		a2 := startCaddy(t, "A restarted", site)
+		ready := time.Now()
+		_, sentAt, conflicts := crashedOwnerTakeover(t, u, key, mk(a2), lease, killed)
+		t.Logf("file store: restart took %v; restart-to-takeover %v, kill-to-takeover %v (lock_timeout %v; %d x 409 from the restarted Caddy)",
+			ready.Sub(killed).Round(time.Millisecond), sentAt.Sub(ready).Round(time.Millisecond),
+			sentAt.Sub(killed).Round(time.Millisecond), lease, conflicts)
+		if ready.Before(killed.Add(lease/3)) && conflicts == 0 {
+			t.Fatalf("the restarted Caddy was ready %v after the kill, within the dead claim's lease, yet never refused a retry", ready.Sub(killed))
+		}
+		// The dead claim ends at most one lease after the kill; the slack
+		// covers a loaded machine.
+		if latest := later(ready, killed.Add(lease)).Add(3 * time.Second); sentAt.After(latest) {
+			t.Fatalf("takeover at %v after the kill: the dead claim outlived its lease (restart ready %v after the kill)",
+				sentAt.Sub(killed), ready.Sub(killed))
+		}
+		if !eventually(10*time.Second, 10*time.Millisecond, func() bool { return u.cancelled(key) == 1 }) {
+			t.Errorf("the run cut by the kill was not cancelled at the upstream (cancelled %d, completed %d)", u.cancelled(key), u.completions(key))
+		}
+	})
+
+	// A graceful stop (SIGTERM, as a deploy does) keeps completed records
+	// too.
+	t.Run("graceful_restart", func(t *testing.T) {
+		t.Parallel()
+		dir := t.TempDir()
+		u := startUpstream(t)
+		site := proxySite(u, fileStore(dir))
+		a := startCaddy(t, "A", site)
+		cl := newClient(t)
+		const key = "deploy-1"
+		mk := func(c *caddyProc) func() *http.Request {
+			return func() *http.Request {
+				return req(http.MethodPost, c.URL+"/orders", key, []byte(`{"sku":"tea"}`), "Host", "api.test")
+			}
+		}
+		first := send(t, cl, mk(a)())
+		wantStatus(t, "first request", first, http.StatusCreated)
+		stopGracefully(t, a)
+		a2 := startCaddy(t, "A restarted", site)
+		replay, _ := retryUntilSettled(t, cl, mk(a2), 10*time.Second)
+		wantReplay(t, "retry after the graceful restart", first, replay)
+		wantCount(t, "upstream runs", u.starts(key), 1)
+	})
+
+	// bbolt locks the file: a second Caddy on the same path fails to start
+	// with a clear error, and the first one goes on serving.
+	t.Run("second_process_refused", func(t *testing.T) {
+		t.Parallel()
+		dir := t.TempDir()
+		u := startUpstream(t)
+		site := proxySite(u, fileStore(dir))
+		a := startCaddy(t, "A", site)
+
+		cfgDir := t.TempDir()
+		cfg := filepath.Join(cfgDir, "Caddyfile")
+		if err := os.WriteFile(cfg, []byte(makeCaddyfile(freePort(t), freePort(t), site)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, caddyBin, "run", "--config", cfg, "--adapter", "caddyfile")
+		cmd.Dir = cfgDir
+		cmd.Env = append(os.Environ(), "HOME="+cfgDir, "XDG_DATA_HOME="+filepath.Join(cfgDir, "data"), "XDG_CONFIG_HOME="+filepath.Join(cfgDir, "config"))
+		out, err := cmd.CombinedOutput()
+		if ctx.Err() != nil {
+			t.Fatalf("the second Caddy on %s was still running after 30s; output:\n%s", dir, out)
+		}
+		if err == nil {
+			t.Fatalf("the second Caddy on %s exited without error; output:\n%s", dir, out)
+		}
+		if !strings.Contains(string(out), "another process holds its lock") {
+			t.Fatalf("the second Caddy failed without naming the lock: %v; output:\n%s", err, out)
+		}
+		res := send(t, newClient(t), req(http.MethodPost, a.URL+"/orders", "still-1", []byte(`{}`)))
+		wantStatus(t, "the first Caddy after the second one failed", res, http.StatusCreated)
+	})
+}
+
+// stopGracefully ends c with SIGTERM, as a deploy does, and fails the test
+// if Caddy had to be killed.
+func stopGracefully(t *testing.T, c *caddyProc) {
+	t.Helper()
+	c.killed = true // an exit the test asks for
+	start := time.Now()
+	c.stop()
+	if ws, ok := c.cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		t.Fatalf("caddy %s did not stop on SIGTERM: %v", c.name, c.cmd.ProcessState)
+	}
+	t.Logf("caddy %s stopped gracefully in %v (%v)", c.name, time.Since(start).Round(time.Millisecond), c.cmd.ProcessState)
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
