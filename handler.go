@@ -211,8 +211,12 @@ var withdrawals = make(chan struct{}, 64)
 // withdraw releases, in the background, a claim whose Acquire failed. A
 // timed-out claim may still land once the store recovers (the command was
 // only delayed); left alone, it would answer the client's retry with 409
-// for a whole lease although nothing runs. The token is unique to this
-// request, so the release can only ever remove this claim.
+// for a whole lease although nothing runs. Commands on other connections
+// are not ordered with the delayed one, so the release is repeated, with a
+// backoff, until the store has answered twice (the second answer comes
+// after the backlog that held the claim), the claim was removed, or the
+// lease has passed anyway. The token is unique to this request, so a
+// release can only ever remove this claim.
 func (h *Handler) withdraw(key store.Key, tok store.Token) {
 	select {
 	case withdrawals <- struct{}{}:
@@ -221,9 +225,22 @@ func (h *Handler) withdraw(key store.Key, tok store.Token) {
 	}
 	go func() {
 		defer func() { <-withdrawals }()
-		ctx, cancel := context.WithTimeout(context.Background(), storeOpTimeout)
-		defer cancel()
-		h.store.Release(ctx, key, tok)
+		deadline := time.Now().Add(time.Duration(h.LockTimeout))
+		answered := 0
+		for pause := 100 * time.Millisecond; time.Now().Before(deadline); pause = min(2*pause, 2*time.Second) {
+			ctx, cancel := context.WithTimeout(context.Background(), storeOpTimeout)
+			err := h.store.Release(ctx, key, tok)
+			cancel()
+			if err == nil {
+				return
+			}
+			if errors.Is(err, store.ErrNotOwner) {
+				if answered++; answered == 2 {
+					return
+				}
+			}
+			time.Sleep(pause)
+		}
 	}()
 }
 

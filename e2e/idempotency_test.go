@@ -218,57 +218,7 @@ func TestClientDisconnect(t *testing.T) {
 	t.Parallel()
 	stores(t, func(t *testing.T, storeOptions string) {
 		u := startUpstream(t)
-		c := startCaddy(t, "caddy", proxySite(u, storeOptions))
-		cl := newClient(t)
-		const key = "pay-1"
-		body := []byte(`{"amount":4200}`)
-		mk := func() *http.Request {
-			return req(http.MethodPost, c.URL+"/payments", key, body, hdrDelay, "1s")
-		}
-
-		ctx, cancel := context.WithCancel(context.Background())
-		defer cancel()
-		errc := make(chan error, 1)
-		begin := time.Now()
-		go func() {
-			_, err := do(cl, mk().WithContext(ctx))
-			errc <- err
-		}()
-		select {
-		case <-u.startedCh(key):
-		case <-time.After(10 * time.Second):
-			t.Fatal("the request did not reach the upstream")
-		}
-		time.Sleep(200*time.Millisecond - time.Since(begin))
-		cancel() // the client gives up: its connection closes
-		if err := <-errc; err == nil {
-			t.Fatal("the request completed before the client disconnected")
-		}
-		disconnected := time.Now()
-
-		if !eventually(5*time.Second, 10*time.Millisecond, func() bool {
-			return u.completions(key)+u.cancelled(key) > 0
-		}) {
-			t.Fatal("the upstream never finished")
-		}
-		wantCount(t, "upstream requests whose context was cancelled", u.cancelled(key), 0)
-		wantCount(t, "upstream completions", u.completions(key), 1)
-		t.Logf("client left after %v; upstream completed %v later", disconnected.Sub(begin).Round(time.Millisecond),
-			time.Since(disconnected).Round(time.Millisecond))
-
-		retry, conflicts := retryUntilSettled(t, cl, mk, 5*time.Second)
-		wantStatus(t, "retry", retry, http.StatusCreated)
-		if !retry.replayed() {
-			t.Fatalf("retry was not a replay: %s", retry)
-		}
-		if want := u.sentBody(key, 1); !bytes.Equal(retry.Body, want) {
-			t.Fatalf("replayed body %q, the upstream sent %q", retry.Body, want)
-		}
-		if retry.Header.Get("Content-Type") != "application/json" || retry.Header.Get(hdrRun) != "1" {
-			t.Fatalf("replayed headers lost: %v", retry.Header)
-		}
-		wantCount(t, "upstream runs", u.starts(key), 1)
-		t.Logf("retry replayed after %d x 409", conflicts)
+		durableClientDisconnect(t, u, startCaddy(t, "caddy", proxySite(u, storeOptions)))
 	})
 }
 

@@ -71,7 +71,8 @@ func checkModules(bin string) error {
 	if err != nil {
 		return fmt.Errorf("%s list-modules: %v\n%s", bin, err, out)
 	}
-	for _, mod := range []string{"http.handlers.idempotency", "http.idempotency.stores.memory", "http.idempotency.stores.redis"} {
+	for _, mod := range []string{"http.handlers.idempotency", "http.idempotency.stores.memory", "http.idempotency.stores.redis",
+		"http.idempotency.stores.file", "http.idempotency.stores.postgres"} {
 		if !strings.Contains(string(out), mod) {
 			return fmt.Errorf("%s lacks module %s; list-modules says:\n%s", bin, mod, out)
 		}

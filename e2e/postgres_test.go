@@ -233,12 +233,15 @@ func TestPostgresOutage(t *testing.T) {
 			if n := u.starts(r.key); n != 0 {
 				t.Errorf("%s was refused with 503 but reached the upstream %d times", r.key, n)
 			}
+			// Those in flight at the kill are the likeliest to have left a
+			// claim behind: they are retried first.
 			if r.sent.After(killed) {
 				refusedAfter++
+				refused = append(refused, r.key)
 			} else {
 				refusedBefore++
+				refused = append([]string{r.key}, refused...)
 			}
-			refused = append(refused, r.key)
 		default:
 			t.Errorf("%s: unexpected answer %d %q", r.key, r.status, r.anchor)
 		}

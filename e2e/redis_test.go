@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	goredis "github.com/redis/go-redis/v9"
 	"net/http"
 	"strings"
 	"testing"
@@ -212,9 +213,8 @@ func waitForRecovery(t *testing.T, cl *http.Client, u *upstream, mk func(string)
 // retry later". But the claim's SET was only delayed, not lost: Redis
 // stores it when the stall ends.
 //
-// Known bug: nothing releases that claim, so the retries the 503 asked for
-// get 409 "still being processed" for a whole lock_timeout (30s by
-// default) although nothing runs.
+// The handler withdraws such a claim in the background, so the retries the
+// 503 asked for run instead of getting 409 for a whole lock_timeout.
 func TestRedisStallLeavesNoPhantomClaim(t *testing.T) {
 	t.Parallel()
 	rd := testredis.Start(t)
@@ -234,7 +234,15 @@ while true do
 end
 return 1`, nil).Err()
 	}()
-	time.Sleep(100 * time.Millisecond) // the script runs
+	// Send only once Redis is really stuck in the script: on a loaded
+	// machine the request could otherwise claim the key before it starts.
+	probe := goredis.NewClient(&goredis.Options{Addr: rd.Addr(), ReadTimeout: 50 * time.Millisecond, MaxRetries: -1})
+	defer probe.Close()
+	if !eventually(2*time.Second, 10*time.Millisecond, func() bool {
+		return probe.Ping(context.Background()).Err() != nil
+	}) {
+		t.Fatal("the stalling script never blocked Redis")
+	}
 	res := send(t, cl, mk())
 	wantProblem(t, "request while Redis stalls", res, http.StatusServiceUnavailable, "store-unavailable", true)
 	if err := <-stalled; err != nil {
