@@ -38,6 +38,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		on_store_error    fail_closed | fail_open
 //		on_conflict       reject | wait <max_duration>
 //		replay_header     <name>
+//		disable_metrics
 //		store             <module> [{ ... }]
 //	}
 //
@@ -67,6 +68,11 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if len(h.Methods) == 0 {
 				return d.Errf("methods: want at least one method")
 			}
+		case "disable_metrics":
+			if d.NextArg() {
+				return d.Errf("disable_metrics takes no argument, got '%s'", d.Val())
+			}
+			h.DisableMetrics = true
 		case "required":
 			if d.NextArg() {
 				return d.Errf("required takes no argument, got '%s'", d.Val())

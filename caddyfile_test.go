@@ -26,6 +26,7 @@ func TestAdaptEveryOption(t *testing.T) {
 		on_store_error    fail_open
 		on_conflict       wait 5s
 		replay_header     X-Replayed
+		disable_metrics
 		store redis {
 			address    10.0.0.1:6379 10.0.0.2:6379
 			address    10.0.0.3:6379
@@ -56,6 +57,7 @@ func TestAdaptEveryOption(t *testing.T) {
 							],
 							"handle": [
 								{
+									"disable_metrics": true,
 									"handler": "idempotency",
 									"key_header": "X-Idempotency-Key",
 									"lock_timeout": 60000000000,
@@ -199,6 +201,7 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		{"idempotency {\n on_conflict wait\n}", "wait: missing value"},
 		{"idempotency {\n on_conflict wait never\n}", "wait: invalid duration 'never'"},
 		{"idempotency {\n on_conflict reject 5s\n}", "on_conflict reject takes no duration, got '5s'"},
+		{"idempotency {\n disable_metrics now\n}", "disable_metrics takes no argument, got 'now'"},
 		{"idempotency {\n required yes\n}", "required takes no argument, got 'yes'"},
 		{"idempotency {\n methods\n}", "methods: want at least one method"},
 		{"idempotency {\n key_header\n}", "key_header: missing value"},

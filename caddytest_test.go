@@ -105,6 +105,23 @@ http://localhost:9580 {
 		t.Fatalf("upstream ran %d times, want 2", runs.Load())
 	}
 
+	// The metrics reach Caddy's own /metrics endpoint.
+	resp, err := http.Get("http://localhost:2999/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metricsText, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{
+		`caddy_idempotency_requests_total{result="new"}`,
+		`caddy_idempotency_requests_total{result="replay"}`,
+		`caddy_idempotency_store_operation_duration_seconds_count{operation="acquire",store="memory"}`,
+	} {
+		if !strings.Contains(string(metricsText), want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+
 	// Authentication runs first: a refused login stores nothing.
 	req, _ := http.NewRequest(http.MethodPost, "http://localhost:9580/orders", strings.NewReader(`{}`))
 	req.Header.Set("Idempotency-Key", "k2")

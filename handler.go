@@ -51,7 +51,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	case len(values) == 0 && h.Required:
 		return h.refuse(w, repl, resultInvalid, h.problems.missing)
 	case len(values) == 0:
-		repl.Set("http.idempotency.result", resultBypass)
+		h.setResult(repl, resultBypass)
 		return next.ServeHTTP(w, r)
 	case len(values) > 1:
 		return h.refuse(w, repl, resultInvalid, h.problems.repeated)
@@ -89,8 +89,15 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	case rec != nil:
 		return h.answerFromRecord(w, repl, rec, claim)
 	}
-	repl.Set("http.idempotency.result", resultNew)
+	h.setResult(repl, resultNew)
 	return h.execute(w, r, next, key, claim)
+}
+
+// setResult publishes the request's outcome to the access log placeholder
+// and the metrics.
+func (h *Handler) setResult(repl *caddy.Replacer, result string) {
+	repl.Set("http.idempotency.result", result)
+	h.metrics.result(result)
 }
 
 func (h *Handler) covers(method string) bool {
@@ -103,7 +110,7 @@ func (h *Handler) covers(method string) bool {
 }
 
 func (h *Handler) refuse(w http.ResponseWriter, repl *caddy.Replacer, result string, p *problem) error {
-	repl.Set("http.idempotency.result", result)
+	h.setResult(repl, result)
 	p.write(w)
 	return nil
 }
@@ -173,7 +180,7 @@ func (h *Handler) answerFromRecord(w http.ResponseWriter, repl *caddy.Replacer, 
 	case rec.Truncated:
 		return h.refuse(w, repl, resultReplay, h.problems.unreplayable)
 	}
-	repl.Set("http.idempotency.result", resultReplay)
+	h.setResult(repl, resultReplay)
 	hdr := w.Header()
 	for name, values := range rec.Header {
 		// Clip the slice: a later handler appending to a header must not
@@ -192,7 +199,7 @@ func (h *Handler) answerFromRecord(w http.ResponseWriter, repl *caddy.Replacer, 
 }
 
 func (h *Handler) storeFailed(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, next caddyhttp.Handler, key store.Key, err error) error {
-	repl.Set("http.idempotency.result", resultError)
+	h.setResult(repl, resultError)
 	if h.OnStoreError == failOpen {
 		h.logger.Warn("idempotency store unavailable; passing the request through unprotected (fail_open)",
 			zap.String("key_hash", key.String()), zap.Error(err))
@@ -249,6 +256,8 @@ func (h *Handler) withdraw(key store.Key, tok store.Token) {
 func (h *Handler) execute(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, key store.Key, c *store.Claim) (err error) {
 	rw := newRecorder(w, h.MaxResponseBody)
 	defer rw.free()
+	h.metrics.claimHeld(1)
+	defer h.metrics.claimHeld(-1)
 	hb := h.startHeartbeat(key, c.Token)
 	defer func() {
 		if p := recover(); p != nil {
@@ -371,6 +380,7 @@ func (h *Handler) startHeartbeat(key store.Key, tok store.Token) *heartbeat {
 		}
 		switch {
 		case err == nil:
+			h.metrics.renewed()
 			hb.timer.Reset(every)
 		case errors.Is(err, store.ErrNotOwner):
 			h.logger.Error("claim lost while the request runs; a duplicate may run it too",

@@ -103,6 +103,10 @@ type Handler struct {
 	// Default: Idempotent-Replayed.
 	ReplayHeader string `json:"replay_header,omitempty"`
 
+	// DisableMetrics turns off this handler's Prometheus metrics, which
+	// are otherwise exported on Caddy's metrics endpoint.
+	DisableMetrics bool `json:"disable_metrics,omitempty"`
+
 	// StoreRaw is the store backend, a module in the
 	// http.idempotency.stores namespace. Default: memory.
 	StoreRaw json.RawMessage `json:"store,omitempty" caddy:"namespace=http.idempotency.stores inline_key=module"`
@@ -111,6 +115,7 @@ type Handler struct {
 	logger   *zap.Logger
 	keyField string // canonical form of KeyHeader, to index the header map
 	problems problems
+	metrics  *metrics // nil when disabled
 }
 
 // CaddyModule returns the Caddy module information.
@@ -177,6 +182,12 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("module %T is not an idempotency store", mod)
 	}
 	h.store = s
+	if !h.DisableMetrics {
+		if h.metrics, err = newMetrics(ctx.GetMetricsRegistry()); err != nil {
+			return fmt.Errorf("registering metrics: %w", err)
+		}
+		h.store = instrument(s, mod.(caddy.Module).CaddyModule().ID.Name())
+	}
 	return nil
 }
 

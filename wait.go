@@ -74,6 +74,8 @@ func (b *broadcast) done(k store.Key) {
 // with 409 once MaxWait has passed. If the owner released its claim (a 5xx)
 // the waiter claims the key and runs the request itself, as a retry would.
 func (h *Handler) wait(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, next caddyhttp.Handler, key store.Key, c *store.Claim) error {
+	h.metrics.waiter(1)
+	defer h.metrics.waiter(-1)
 	deadline := time.Now().Add(time.Duration(h.MaxWait))
 	poll := minPoll
 	timer := time.NewTimer(poll)
@@ -84,7 +86,7 @@ func (h *Handler) wait(w http.ResponseWriter, r *http.Request, repl *caddy.Repla
 		case <-r.Context().Done():
 			// The client left; nothing ran for it, so nothing is lost.
 			unwatch()
-			repl.Set("http.idempotency.result", resultConflict)
+			h.setResult(repl, resultConflict)
 			return nil
 		case <-ended:
 		case <-timer.C:
@@ -95,7 +97,7 @@ func (h *Handler) wait(w http.ResponseWriter, r *http.Request, repl *caddy.Repla
 		case err != nil:
 			return h.storeFailed(w, r, repl, next, key, err)
 		case rec == nil:
-			repl.Set("http.idempotency.result", resultNew)
+			h.setResult(repl, resultNew)
 			return h.execute(w, r, next, key, c)
 		case rec.State != store.InProgress || rec.Endpoint != c.Endpoint || rec.Fingerprint != c.Fingerprint:
 			return h.answerFromRecord(w, repl, rec, c)

@@ -1,0 +1,160 @@
+package idempotency
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/caddy-idempotency/caddy-idempotency/store"
+)
+
+// The collectors are process-wide, created once and registered into each
+// config's registry: a reload registers them again (tolerated below), and
+// counters keep counting across reloads. Labels are bounded: a result, a
+// store module name, an operation; never a key or a path.
+var collectors struct {
+	once      sync.Once
+	requests  *prometheus.CounterVec
+	storeOps  *prometheus.HistogramVec
+	inFlight  prometheus.Gauge
+	renewals  prometheus.Counter
+	waiting   prometheus.Gauge
+	storeErrs *prometheus.CounterVec
+}
+
+func initCollectors() {
+	const ns, sub = "caddy", "idempotency"
+	collectors.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "requests_total",
+		Help: "Requests seen by the idempotency handler, by result.",
+	}, []string{"result"})
+	collectors.storeOps = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: ns, Subsystem: sub, Name: "store_operation_duration_seconds",
+		Help:    "Latency of idempotency store operations, by store and operation.",
+		Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
+	}, []string{"store", "operation"})
+	collectors.storeErrs = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "store_errors_total",
+		Help: "Idempotency store operations that failed because the store was unavailable.",
+	}, []string{"store", "operation"})
+	collectors.inFlight = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: ns, Subsystem: sub, Name: "in_flight_claims",
+		Help: "Claims held by requests running in this process.",
+	})
+	collectors.renewals = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "lease_renewals_total",
+		Help: "Lease renewals of claims held by long-running requests.",
+	})
+	collectors.waiting = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: ns, Subsystem: sub, Name: "waiting_duplicates",
+		Help: "Duplicates waiting for the first request with their key (on_conflict wait).",
+	})
+}
+
+// metrics is a handler's view of the collectors. A nil *metrics (metrics
+// disabled) records nothing, so call sites need no checks.
+type metrics struct {
+	results map[string]prometheus.Counter
+}
+
+func newMetrics(reg *prometheus.Registry) (*metrics, error) {
+	collectors.once.Do(initCollectors)
+	for _, c := range []prometheus.Collector{collectors.requests, collectors.storeOps, collectors.storeErrs,
+		collectors.inFlight, collectors.renewals, collectors.waiting} {
+		if err := reg.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
+			return nil, err
+		}
+	}
+	m := &metrics{results: make(map[string]prometheus.Counter)}
+	for _, r := range []string{resultNew, resultReplay, resultConflict, resultMismatch, resultBypass,
+		resultInvalid, resultTooLarge, resultError} {
+		label := r
+		if r == resultError {
+			label = "store_error"
+		}
+		m.results[r] = collectors.requests.WithLabelValues(label)
+	}
+	return m, nil
+}
+
+func (m *metrics) result(r string) {
+	if m != nil {
+		m.results[r].Inc()
+	}
+}
+
+func (m *metrics) claimHeld(delta float64) {
+	if m != nil {
+		collectors.inFlight.Add(delta)
+	}
+}
+
+func (m *metrics) renewed() {
+	if m != nil {
+		collectors.renewals.Inc()
+	}
+}
+
+func (m *metrics) waiter(delta float64) {
+	if m != nil {
+		collectors.waiting.Add(delta)
+	}
+}
+
+// instrumented times every store operation. It wraps the store only when
+// metrics are on, so a handler without metrics pays nothing.
+type instrumented struct {
+	store.Store
+	acquire, complete, release, renew             prometheus.Observer
+	acquireErr, completeErr, releaseErr, renewErr prometheus.Counter
+}
+
+func instrument(s store.Store, name string) *instrumented {
+	op := func(o string) (prometheus.Observer, prometheus.Counter) {
+		return collectors.storeOps.WithLabelValues(name, o), collectors.storeErrs.WithLabelValues(name, o)
+	}
+	i := &instrumented{Store: s}
+	i.acquire, i.acquireErr = op("acquire")
+	i.complete, i.completeErr = op("complete")
+	i.release, i.releaseErr = op("release")
+	i.renew, i.renewErr = op("renew")
+	return i
+}
+
+func timeOp(o prometheus.Observer, errs prometheus.Counter, start time.Time, err error) {
+	o.Observe(time.Since(start).Seconds())
+	if errors.Is(err, store.ErrUnavailable) {
+		errs.Inc()
+	}
+}
+
+func (i *instrumented) Acquire(ctx context.Context, k store.Key, c *store.Claim) (*store.Record, error) {
+	start := time.Now()
+	rec, err := i.Store.Acquire(ctx, k, c)
+	timeOp(i.acquire, i.acquireErr, start, err)
+	return rec, err
+}
+
+func (i *instrumented) Complete(ctx context.Context, k store.Key, t store.Token, rec *store.Record, ttl time.Duration) error {
+	start := time.Now()
+	err := i.Store.Complete(ctx, k, t, rec, ttl)
+	timeOp(i.complete, i.completeErr, start, err)
+	return err
+}
+
+func (i *instrumented) Release(ctx context.Context, k store.Key, t store.Token) error {
+	start := time.Now()
+	err := i.Store.Release(ctx, k, t)
+	timeOp(i.release, i.releaseErr, start, err)
+	return err
+}
+
+func (i *instrumented) Renew(ctx context.Context, k store.Key, t store.Token, lease time.Duration) error {
+	start := time.Now()
+	err := i.Store.Renew(ctx, k, t, lease)
+	timeOp(i.renew, i.renewErr, start, err)
+	return err
+}

@@ -1,0 +1,90 @@
+package idempotency
+
+import (
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+func count(result string) float64 {
+	return testutil.ToFloat64(collectors.requests.WithLabelValues(result))
+}
+
+func TestMetricsCountResultsAndStoreOperations(t *testing.T) {
+	h := provision(t, storeConfigs[0].raw(t), nil)
+	if h.metrics == nil {
+		t.Fatal("metrics are off by default")
+	}
+	before := map[string]float64{}
+	for _, r := range []string{"new", "replay", "mismatch", "invalid", "bypass", "too_large"} {
+		before[r] = count(r)
+	}
+	acquires := testutil.CollectAndCount(collectors.storeOps)
+	b := &backend{}
+	do(h, b, post("/m", "k", "x"))
+	do(h, b, post("/m", "k", "x"))
+	do(h, b, post("/m", "k", "y"))
+	do(h, b, post("/m", "a b", "x"))
+	do(h, b, post("/m", "", "x"))
+	for r, want := range map[string]float64{"new": 1, "replay": 1, "mismatch": 1, "invalid": 1, "bypass": 1, "too_large": 0} {
+		if got := count(r) - before[r]; got != want {
+			t.Errorf("requests_total{result=%q} grew by %v, want %v", r, got, want)
+		}
+	}
+	if testutil.CollectAndCount(collectors.storeOps) < acquires || testutil.CollectAndCount(collectors.storeOps) == 0 {
+		t.Fatal("no store operation latency recorded")
+	}
+	if n := testutil.ToFloat64(collectors.inFlight); n != 0 {
+		t.Fatalf("in_flight_claims = %v after every request ended", n)
+	}
+}
+
+func TestMetricsInFlightGauge(t *testing.T) {
+	h := provision(t, storeConfigs[0].raw(t), nil)
+	b := &backend{blockers: make(chan struct{})}
+	base := testutil.ToFloat64(collectors.inFlight)
+	done := make(chan result)
+	go func() { done <- do(h, b, post("/m", "held", "x")) }()
+	waitFor(t, func() bool { return b.runs.Load() == 1 })
+	if got := testutil.ToFloat64(collectors.inFlight) - base; got != 1 {
+		t.Fatalf("in_flight_claims rose by %v while a request ran, want 1", got)
+	}
+	close(b.blockers)
+	<-done
+	if got := testutil.ToFloat64(collectors.inFlight) - base; got != 0 {
+		t.Fatalf("in_flight_claims is %v above its base after the request", got)
+	}
+}
+
+// A config reload registers the collectors again, into the same or a new
+// registry: neither is an error, and counts carry over.
+func TestMetricsSurviveReloads(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	for range 2 {
+		if _, err := newMetrics(reg); err != nil {
+			t.Fatalf("registering twice: %v", err)
+		}
+	}
+	if _, err := newMetrics(prometheus.NewPedanticRegistry()); err != nil {
+		t.Fatalf("registering into a new registry: %v", err)
+	}
+	if _, err := reg.Gather(); err != nil {
+		t.Fatalf("gathering: %v", err)
+	}
+}
+
+func TestDisableMetrics(t *testing.T) {
+	h := provision(t, storeConfigs[0].raw(t), func(h *Handler) { h.DisableMetrics = true })
+	if h.metrics != nil {
+		t.Fatal("metrics on despite disable_metrics")
+	}
+	if _, ok := h.store.(*instrumented); ok {
+		t.Fatal("store instrumented despite disable_metrics")
+	}
+	before := count("new")
+	wantStatus(t, do(h, &backend{}, post("/m", "k", "x")), 201)
+	if count("new") != before {
+		t.Fatal("a handler with disable_metrics counted a request")
+	}
+}
