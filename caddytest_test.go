@@ -130,3 +130,41 @@ http://localhost:9580 {
 		t.Fatal("an unauthenticated request reached the upstream")
 	}
 }
+
+// A handle_errors block restyles the handler's refusals, with the problem's
+// parts in placeholders; without one the answer is problem+json (above).
+func TestHandleErrorsRestylesProblems(t *testing.T) {
+	tester := caddytest.NewTester(t)
+	tester.InitServer(`{
+	admin localhost:2999
+	http_port 9581
+	https_port 9544
+	grace_period 1ns
+}
+http://localhost:9581 {
+	idempotency {
+		required
+		store memory
+	}
+	respond "created" 201
+	handle_errors {
+		header Content-Type text/plain
+		respond "{http.error.status_code} {http.idempotency.problem.title}: {http.idempotency.problem.detail}"
+	}
+}`, "caddyfile")
+
+	req, _ := http.NewRequest(http.MethodPost, "http://localhost:9581/orders", strings.NewReader("x"))
+	resp, body := tester.AssertResponse(req, http.StatusBadRequest,
+		"400 Idempotency-Key is missing: This operation is idempotent and requires the Idempotency-Key request header.")
+	if ct := resp.Header.Get("Content-Type"); ct != "text/plain" {
+		t.Fatalf("restyled answer has Content-Type %q: %s", ct, body)
+	}
+
+	req, _ = http.NewRequest(http.MethodPost, "http://localhost:9581/orders", strings.NewReader("x"))
+	req.Header.Set("Idempotency-Key", "k")
+	tester.AssertResponse(req, http.StatusCreated, "created")
+	req, _ = http.NewRequest(http.MethodPost, "http://localhost:9581/orders", strings.NewReader("other"))
+	req.Header.Set("Idempotency-Key", "k")
+	tester.AssertResponse(req, http.StatusUnprocessableEntity,
+		"422 Idempotency-Key is already used: This key was used for a request with a different payload. Use a new key for a new operation.")
+}

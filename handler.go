@@ -49,16 +49,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	values := r.Header[h.keyField]
 	switch {
 	case len(values) == 0 && h.Required:
-		return h.refuse(w, repl, resultInvalid, h.problems.missing)
+		return h.refuse(w, r, repl, resultInvalid, h.problems.missing)
 	case len(values) == 0:
 		h.setResult(repl, resultBypass)
 		return next.ServeHTTP(w, r)
 	case len(values) > 1:
-		return h.refuse(w, repl, resultInvalid, h.problems.repeated)
+		return h.refuse(w, r, repl, resultInvalid, h.problems.repeated)
 	}
 	clientKey, ok := parseKey(values[0])
 	if !ok {
-		return h.refuse(w, repl, resultInvalid, h.problems.invalid)
+		return h.refuse(w, r, repl, resultInvalid, h.problems.invalid)
 	}
 
 	body, tooLarge, err := h.readBody(r)
@@ -66,7 +66,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return caddyhttp.Error(http.StatusBadRequest, err)
 	}
 	if tooLarge {
-		return h.refuse(w, repl, resultTooLarge, h.problems.tooLarge)
+		return h.refuse(w, r, repl, resultTooLarge, h.problems.tooLarge)
 	}
 	defer putBuffer(body)
 
@@ -87,7 +87,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		rec.Endpoint == claim.Endpoint && rec.Fingerprint == claim.Fingerprint:
 		return h.wait(w, r, repl, next, key, claim)
 	case rec != nil:
-		return h.answerFromRecord(w, repl, rec, claim)
+		return h.answerFromRecord(w, r, repl, rec, claim)
 	}
 	h.setResult(repl, resultNew)
 	return h.execute(w, r, next, key, claim)
@@ -109,10 +109,9 @@ func (h *Handler) covers(method string) bool {
 	return false
 }
 
-func (h *Handler) refuse(w http.ResponseWriter, repl *caddy.Replacer, result string, p *problem) error {
+func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, result string, p *problem) error {
 	h.setResult(repl, result)
-	p.write(w)
-	return nil
+	return p.answer(w, r, repl)
 }
 
 // readBody buffers the request body so that it can be fingerprinted, and
@@ -169,16 +168,16 @@ func fingerprint(query string, body *bytes.Buffer) store.Fingerprint {
 }
 
 // answerFromRecord answers a request whose key already has a live record.
-func (h *Handler) answerFromRecord(w http.ResponseWriter, repl *caddy.Replacer, rec *store.Record, c *store.Claim) error {
+func (h *Handler) answerFromRecord(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, rec *store.Record, c *store.Claim) error {
 	switch {
 	case rec.Endpoint != c.Endpoint:
-		return h.refuse(w, repl, resultMismatch, h.problems.otherEndpoint)
+		return h.refuse(w, r, repl, resultMismatch, h.problems.otherEndpoint)
 	case rec.Fingerprint != c.Fingerprint:
-		return h.refuse(w, repl, resultMismatch, h.problems.otherPayload)
+		return h.refuse(w, r, repl, resultMismatch, h.problems.otherPayload)
 	case rec.State == store.InProgress:
-		return h.refuse(w, repl, resultConflict, h.problems.outstanding)
+		return h.refuse(w, r, repl, resultConflict, h.problems.outstanding)
 	case rec.Truncated:
-		return h.refuse(w, repl, resultReplay, h.problems.unreplayable)
+		return h.refuse(w, r, repl, resultReplay, h.problems.unreplayable)
 	}
 	h.setResult(repl, resultReplay)
 	hdr := w.Header()
@@ -207,8 +206,7 @@ func (h *Handler) storeFailed(w http.ResponseWriter, r *http.Request, repl *cadd
 	}
 	h.logger.Error("idempotency store unavailable; refusing the request (fail_closed)",
 		zap.String("key_hash", key.String()), zap.Error(err))
-	h.problems.storeUnavailable.write(w)
-	return nil
+	return h.problems.storeUnavailable.answer(w, r, repl)
 }
 
 // withdrawals bounds the background releases in flight, so that a long

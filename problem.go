@@ -4,6 +4,9 @@ import (
 	"encoding/json"
 	"net/http"
 	"strconv"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
 
 // docsURL anchors problem types in the README, which documents each answer;
@@ -13,10 +16,15 @@ const docsURL = "https://github.com/caddy-idempotency/caddy-idempotency#"
 // problem is an RFC 9457 problem details answer, rendered once at provision
 // time so that refusing a request costs no encoding.
 type problem struct {
-	status     int
-	retryAfter []string
-	body       []byte
+	status             int
+	typ, title, detail string
+	retryAfter         []string
+	body               []byte
 }
+
+// Error makes a problem an error for Caddy's error routes; the message is
+// the detail, which {http.error.message} then shows.
+func (p *problem) Error() string { return p.detail }
 
 func newProblem(status int, anchor, title, detail string, retryAfter int) *problem {
 	body, err := json.Marshal(struct {
@@ -28,7 +36,7 @@ func newProblem(status int, anchor, title, detail string, retryAfter int) *probl
 	if err != nil {
 		panic(err) // only strings and an int: cannot fail
 	}
-	p := &problem{status: status, body: body}
+	p := &problem{status: status, typ: docsURL + anchor, title: title, detail: detail, body: body}
 	if retryAfter > 0 {
 		p.retryAfter = []string{strconv.Itoa(retryAfter)}
 	}
@@ -39,6 +47,25 @@ var (
 	problemContentType = []string{"application/problem+json"}
 	noSniff            = []string{"nosniff"}
 )
+
+// answer sends p: as the problem+json body, or, when the server has
+// handle_errors routes, as an error those routes restyle, with the
+// problem's parts in placeholders.
+func (p *problem) answer(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer) error {
+	if srv, ok := r.Context().Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server); ok &&
+		srv.Errors != nil && len(srv.Errors.Routes) > 0 {
+		repl.Set("http.idempotency.problem.type", p.typ)
+		repl.Set("http.idempotency.problem.title", p.title)
+		repl.Set("http.idempotency.problem.detail", p.detail)
+		repl.Set("http.idempotency.problem.body", string(p.body))
+		if p.retryAfter != nil {
+			w.Header()["Retry-After"] = p.retryAfter
+		}
+		return caddyhttp.Error(p.status, p)
+	}
+	p.write(w)
+	return nil
+}
 
 func (p *problem) write(w http.ResponseWriter) {
 	h := w.Header()

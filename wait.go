@@ -100,11 +100,11 @@ func (h *Handler) wait(w http.ResponseWriter, r *http.Request, repl *caddy.Repla
 			h.setResult(repl, resultNew)
 			return h.execute(w, r, next, key, c)
 		case rec.State != store.InProgress || rec.Endpoint != c.Endpoint || rec.Fingerprint != c.Fingerprint:
-			return h.answerFromRecord(w, repl, rec, c)
+			return h.answerFromRecord(w, r, repl, rec, c)
 		}
 		left := time.Until(deadline)
 		if left <= 0 {
-			return h.refuse(w, repl, resultConflict, h.problems.outstanding)
+			return h.refuse(w, r, repl, resultConflict, h.problems.outstanding)
 		}
 		poll = min(2*poll, maxPoll, left)
 		timer.Reset(poll)
