@@ -129,12 +129,47 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 // Provision sets defaults and loads the store.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
+	sharedStore, err := h.inherit(ctx)
+	if err != nil {
+		return fmt.Errorf("reading the idempotency defaults: %w", err)
+	}
+	h.setDefaults()
+	h.problems = newProblems(h.KeyHeader, h.MaxRequestBody)
+
+	s, storeName := h.store, sharedStore
+	if storeName == "" {
+		if h.StoreRaw == nil {
+			h.StoreRaw = json.RawMessage(`{"module":"memory"}`)
+			h.logger.Warn("no store configured: using the memory store, which is not shared across instances and forgets every key when Caddy stops; configure 'store redis' to run several instances")
+		}
+		mod, err := ctx.LoadModule(h, "StoreRaw")
+		if err != nil {
+			return fmt.Errorf("loading idempotency store: %w", err)
+		}
+		var ok bool
+		if s, ok = mod.(store.Store); !ok {
+			return fmt.Errorf("module %T is not an idempotency store", mod)
+		}
+		storeName = mod.(caddy.Module).CaddyModule().ID.Name()
+	}
+	h.store = s
+	if !h.DisableMetrics {
+		if h.metrics, err = newMetrics(ctx.GetMetricsRegistry()); err != nil {
+			return fmt.Errorf("registering metrics: %w", err)
+		}
+		h.store = instrument(s, storeName)
+	}
+	return nil
+}
+
+// setDefaults fills every option left unset with its documented default.
+func (h *Handler) setDefaults() {
 	if h.KeyHeader == "" {
 		h.KeyHeader = defaultKeyHeader
 	}
 	h.keyField = textproto.CanonicalMIMEHeaderKey(h.KeyHeader)
 	if len(h.Methods) == 0 {
-		h.Methods = defaultMethods
+		h.Methods = append([]string(nil), defaultMethods...)
 	}
 	for i, m := range h.Methods {
 		h.Methods[i] = strings.ToUpper(m)
@@ -167,28 +202,6 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.ReplayHeader = defaultReplayHeader
 	}
 	h.ReplayHeader = textproto.CanonicalMIMEHeaderKey(h.ReplayHeader)
-	h.problems = newProblems(h.KeyHeader, h.MaxRequestBody)
-
-	if h.StoreRaw == nil {
-		h.StoreRaw = json.RawMessage(`{"module":"memory"}`)
-		h.logger.Warn("no store configured: using the memory store, which is not shared across instances and forgets every key when Caddy stops; configure 'store redis' to run several instances")
-	}
-	mod, err := ctx.LoadModule(h, "StoreRaw")
-	if err != nil {
-		return fmt.Errorf("loading idempotency store: %w", err)
-	}
-	s, ok := mod.(store.Store)
-	if !ok {
-		return fmt.Errorf("module %T is not an idempotency store", mod)
-	}
-	h.store = s
-	if !h.DisableMetrics {
-		if h.metrics, err = newMetrics(ctx.GetMetricsRegistry()); err != nil {
-			return fmt.Errorf("registering metrics: %w", err)
-		}
-		h.store = instrument(s, mod.(caddy.Module).CaddyModule().ID.Name())
-	}
-	return nil
 }
 
 // Validate checks the configuration without I/O.

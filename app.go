@@ -1,0 +1,149 @@
+package idempotency
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+
+	"github.com/caddy-idempotency/caddy-idempotency/store"
+)
+
+func init() {
+	caddy.RegisterModule(App{})
+	httpcaddyfile.RegisterGlobalOption("idempotency", parseGlobalOption)
+}
+
+// App holds the defaults of every idempotency handler in the config, and
+// the store they share. Set it with the Caddyfile's global option
+//
+//	{
+//		idempotency {
+//			store redis { ... }
+//			ttl 48h
+//			...every option of the directive...
+//		}
+//	}
+//
+// Routes then say only what differs. Each route keeps its own endpoint
+// binding; the routes that set no store of their own share the app's store
+// instance, and so one connection pool.
+type App struct {
+	// Handler holds the defaults, with the directive's option names. A
+	// route's own value wins; flags (required, disable_metrics) can only be
+	// turned on by either.
+	Handler
+
+	shared     store.Store
+	sharedName string // the store module's name, for metrics labels
+}
+
+// CaddyModule returns the Caddy module information.
+func (App) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "idempotency",
+		New: func() caddy.Module { return new(App) },
+	}
+}
+
+// Provision loads the shared store, if the defaults name one.
+func (a *App) Provision(ctx caddy.Context) error {
+	if a.StoreRaw == nil {
+		return nil
+	}
+	mod, err := ctx.LoadModule(a, "StoreRaw")
+	if err != nil {
+		return fmt.Errorf("loading the shared idempotency store: %w", err)
+	}
+	s, ok := mod.(store.Store)
+	if !ok {
+		return fmt.Errorf("module %T is not an idempotency store", mod)
+	}
+	a.shared, a.sharedName = s, mod.(caddy.Module).CaddyModule().ID.Name()
+	a.StoreRaw = nil // loaded once, here; handlers use a.shared
+	return nil
+}
+
+// Validate checks the defaults as a handler would see them.
+func (a *App) Validate() error {
+	h := a.Handler
+	h.Methods = append([]string(nil), a.Methods...)
+	h.setDefaults()
+	if err := h.Validate(); err != nil {
+		return fmt.Errorf("idempotency defaults: %w", err)
+	}
+	return nil
+}
+
+// Start implements caddy.App; the app only holds configuration.
+func (*App) Start() error { return nil }
+
+// Stop implements caddy.App.
+func (*App) Stop() error { return nil }
+
+func parseGlobalOption(d *caddyfile.Dispenser, _ any) (any, error) {
+	var app App
+	if err := app.UnmarshalCaddyfile(d); err != nil {
+		return nil, err
+	}
+	return httpcaddyfile.App{Name: "idempotency", Value: caddyconfig.JSON(app, nil)}, nil
+}
+
+// inherit fills the options this handler leaves unset from the config's
+// idempotency app, if there is one. When the handler uses the app's shared
+// store, it returns that store's module name.
+func (h *Handler) inherit(ctx caddy.Context) (string, error) {
+	val, err := ctx.AppIfConfigured("idempotency")
+	if errors.Is(err, caddy.ErrNotConfigured) {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	app := val.(*App)
+	d := &app.Handler
+	pick := func(own *string, def string) {
+		if *own == "" {
+			*own = def
+		}
+	}
+	pick(&h.KeyHeader, d.KeyHeader)
+	pick(&h.Scope, d.Scope)
+	pick(&h.OnStoreError, d.OnStoreError)
+	pick(&h.ReplayHeader, d.ReplayHeader)
+	if h.OnConflict == "" {
+		h.OnConflict, h.MaxWait = d.OnConflict, d.MaxWait
+	}
+	if len(h.Methods) == 0 {
+		h.Methods = append([]string(nil), d.Methods...)
+	}
+	if h.TTL == 0 {
+		h.TTL = d.TTL
+	}
+	if h.LockTimeout == 0 {
+		h.LockTimeout = d.LockTimeout
+	}
+	if h.MaxRequestBody == 0 {
+		h.MaxRequestBody = d.MaxRequestBody
+	}
+	if h.MaxResponseBody == 0 {
+		h.MaxResponseBody = d.MaxResponseBody
+	}
+	h.Required = h.Required || d.Required
+	h.DisableMetrics = h.DisableMetrics || d.DisableMetrics
+	if h.StoreRaw == nil && app.shared != nil {
+		h.store = app.shared
+		return app.sharedName, nil
+	}
+	return "", nil
+}
+
+// Interface guards
+var (
+	_ caddy.App         = (*App)(nil)
+	_ caddy.Provisioner = (*App)(nil)
+	_ caddy.Validator   = (*App)(nil)
+)

@@ -1,0 +1,146 @@
+package idempotency
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2/caddytest"
+)
+
+func TestAdaptGlobalDefaults(t *testing.T) {
+	caddytest.AssertAdapt(t, `{
+	idempotency {
+		ttl 48h
+		on_store_error fail_open
+		store memory {
+			max_entries 500
+		}
+	}
+}
+:8080 {
+	idempotency {
+		required
+	}
+	respond "ok"
+}`, "caddyfile", `{
+	"apps": {
+		"http": {
+			"servers": {
+				"srv0": {
+					"listen": [
+						":8080"
+					],
+					"routes": [
+						{
+							"handle": [
+								{
+									"handler": "idempotency",
+									"required": true
+								},
+								{
+									"body": "ok",
+									"handler": "static_response"
+								}
+							]
+						}
+					]
+				}
+			}
+		},
+		"idempotency": {
+			"ttl": 172800000000000,
+			"on_store_error": "fail_open",
+			"store": {
+				"max_entries": 500,
+				"module": "memory"
+			}
+		}
+	}
+}`)
+}
+
+// Three backends behind one gateway, configured once: the routes share
+// the global store and defaults, and each keeps its own endpoint binding.
+func TestGlobalDefaultsShareOneStore(t *testing.T) {
+	var runs atomic.Int64
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "%s run %d", r.URL.Path, runs.Add(1))
+	}))
+	defer upstream.Close()
+	tester := caddytest.NewTester(t)
+	tester.InitServer(fmt.Sprintf(`{
+	admin localhost:2999
+	http_port 9582
+	https_port 9545
+	grace_period 1ns
+	idempotency {
+		ttl 1h
+		replay_header X-Gateway-Replay
+		store memory
+	}
+}
+http://localhost:9582 {
+	route /orders* {
+		idempotency
+		reverse_proxy %[1]s
+	}
+	route /payments* {
+		idempotency {
+			required
+			scope {http.request.header.X-Tenant}
+		}
+		reverse_proxy %[1]s
+	}
+	route /refunds* {
+		idempotency {
+			replay_header X-Refund-Replay
+		}
+		reverse_proxy %[1]s
+	}
+}`, upstream.Listener.Addr()), "caddyfile")
+
+	send := func(path, key, tenant string) (*http.Response, string) {
+		req, _ := http.NewRequest(http.MethodPost, "http://localhost:9582"+path, strings.NewReader("{}"))
+		if key != "" {
+			req.Header.Set("Idempotency-Key", key)
+		}
+		req.Header.Set("X-Tenant", tenant)
+		resp, err := tester.Client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp, string(body)
+	}
+
+	first, body := send("/orders", "k1", "")
+	again, replay := send("/orders", "k1", "")
+	if first.StatusCode != 200 || again.Header.Get("X-Gateway-Replay") != "true" || replay != body {
+		t.Fatalf("orders: %d %q then %v %q", first.StatusCode, body, again.Header, replay)
+	}
+	// The same key on another route of the shared store: bound to /orders.
+	if resp, _ := send("/refunds", "k1", ""); resp.StatusCode != 422 {
+		t.Fatalf("key of /orders reused on /refunds: %d, want 422 from the shared store", resp.StatusCode)
+	}
+	if resp, _ := send("/payments", "", "acme"); resp.StatusCode != 400 {
+		t.Fatalf("payments without a key: %d, want 400 (required)", resp.StatusCode)
+	}
+	_, acme := send("/payments", "p1", "acme")
+	_, globex := send("/payments", "p1", "globex")
+	if acme == globex {
+		t.Fatalf("tenants shared a key: %q", acme)
+	}
+	send("/refunds", "r1", "")
+	if resp, _ := send("/refunds", "r1", ""); resp.Header.Get("X-Refund-Replay") != "true" {
+		t.Fatalf("route's own replay_header lost: %v", resp.Header)
+	}
+	if n := runs.Load(); n != 4 {
+		t.Fatalf("upstream ran %d times, want 4", n)
+	}
+}
