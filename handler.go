@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
+	"hash"
 	"io"
 	"net/http"
 	"strconv"
@@ -138,23 +139,31 @@ func (h *Handler) readBody(r *http.Request) (buf *bytes.Buffer, tooLarge bool, e
 		return nil, true, nil
 	}
 	r.Body.Close()
-	r.Body = &bufferedBody{Reader: bytes.NewReader(buf.Bytes())}
+	body := new(bufferedBody)
+	body.Reset(buf.Bytes())
+	r.Body = body
 	return buf, false, nil
 }
 
-type bufferedBody struct{ *bytes.Reader }
+// bufferedBody replays the buffered request body to the next handler; one
+// allocation, where io.NopCloser(bytes.NewReader(...)) takes two.
+type bufferedBody struct{ bytes.Reader }
 
-func (bufferedBody) Close() error { return nil }
+func (*bufferedBody) Close() error { return nil }
 
 // endpoint is what a key is bound to besides its payload.
 func endpoint(r *http.Request) string {
 	return r.Method + " " + strings.ToLower(r.Host) + r.URL.Path
 }
 
+var digests = sync.Pool{New: func() any { return sha256.New() }}
+
 // fingerprint hashes what the request carries: its query and its body. The
 // query is length-prefixed so no query and body can pass for another pair.
 func fingerprint(query string, body *bytes.Buffer) store.Fingerprint {
-	d := sha256.New()
+	d := digests.Get().(hash.Hash)
+	defer digests.Put(d)
+	d.Reset()
 	var n [8]byte
 	binary.BigEndian.PutUint64(n[:], uint64(len(query)))
 	d.Write(n[:])
