@@ -33,6 +33,10 @@ const (
 	resultError    = "error" // the store failed (503, or passed through with fail_open)
 )
 
+// statusClientClosed is the status Caddy's reverse_proxy writes when the
+// request's context ends before the upstream answers.
+const statusClientClosed = 499
+
 // storeOpTimeout bounds the store calls made after the response was sent,
 // which no client context limits.
 const storeOpTimeout = 5 * time.Second
@@ -330,9 +334,12 @@ func (h *Handler) finish(key store.Key, c *store.Claim, rw *recorder, handlerErr
 		}
 		status = http.StatusOK // the server answers an empty 200
 	}
-	if status >= 500 {
-		// 5xx answers are not stored: the error may be transient.
-		h.release(ctx, key, c.Token, "server error response")
+	if status >= 500 || status == statusClientClosed {
+		// 5xx answers are not stored: the error may be transient. 499 is
+		// what reverse_proxy writes when its request was cancelled before
+		// the upstream answered (here: a hung upstream, one lease after
+		// its client left): nothing was answered, so a retry runs again.
+		h.release(ctx, key, c.Token, "no usable response")
 		return
 	}
 	rec := &store.Record{Status: status, Header: rw.header, Body: rw.body()}
@@ -360,6 +367,9 @@ func (h *Handler) release(ctx context.Context, key store.Key, tok store.Token, w
 	}
 }
 
+// minRenewRetry is the first pause before retrying a failed renewal.
+const minRenewRetry = 50 * time.Millisecond
+
 // heartbeat renews a claim every third of its lease while the request runs,
 // so that a slow request is never run twice, while a dead owner's claim
 // still frees itself within one lease. Requests shorter than a third of the
@@ -376,8 +386,11 @@ func (h *Handler) startHeartbeat(key store.Key, tok store.Token) *heartbeat {
 	hb := new(heartbeat)
 	hb.mu.Lock()
 	defer hb.mu.Unlock()
+	held := time.Now().Add(lease) // when the claim lapses without renewal
+	retry := minRenewRetry
 	hb.timer = time.AfterFunc(every, func() {
-		ctx, cancel := context.WithTimeout(context.Background(), every)
+		// A renewal may take at most what is left of the lease.
+		ctx, cancel := context.WithDeadline(context.Background(), held)
 		err := h.store.Renew(ctx, key, tok, lease)
 		cancel()
 		hb.mu.Lock()
@@ -388,14 +401,19 @@ func (h *Handler) startHeartbeat(key store.Key, tok store.Token) *heartbeat {
 		switch {
 		case err == nil:
 			h.metrics.renewed()
+			held, retry = time.Now().Add(lease), minRenewRetry
 			hb.timer.Reset(every)
 		case errors.Is(err, store.ErrNotOwner):
 			h.logger.Error("claim lost while the request runs; a duplicate may run it too",
 				zap.String("key_hash", key.String()))
 		default:
-			// keep trying: the lease still holds for two more periods
+			// Retry soon, not a period later: a store outage longer than
+			// one period must not cost the lease while the lease remains.
 			h.logger.Warn("renewing the claim failed", zap.String("key_hash", key.String()), zap.Error(err))
-			hb.timer.Reset(every)
+			if left := time.Until(held); left > 0 {
+				hb.timer.Reset(min(retry, left))
+				retry = min(2*retry, every)
+			}
 		}
 	})
 	return hb
