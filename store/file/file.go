@@ -58,6 +58,7 @@ type Store struct {
 
 	dir     string // absolute, resolved at provisioning
 	poolKey string
+	name    string // in the store registry
 	db      *database
 }
 
@@ -103,6 +104,8 @@ func (s *Store) Provision(ctx caddy.Context) error {
 		return err
 	}
 	s.db = val.(*database)
+	s.name = registryName(filepath.Join(dir, fileName))
+	store.Register(s.name, s)
 	return nil
 }
 
@@ -121,6 +124,7 @@ func (s *Store) Cleanup() error {
 	if s == nil || s.poolKey == "" {
 		return nil
 	}
+	store.Unregister(s.name, s)
 	key := s.poolKey
 	s.poolKey = ""
 	if _, err := databases.Delete(key); err != nil {

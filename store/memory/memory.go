@@ -45,6 +45,7 @@ type Memory struct {
 
 	tab     *table
 	poolKey string
+	name    string // in the store registry
 	cleaned bool
 }
 
@@ -73,6 +74,8 @@ func (m *Memory) Provision(caddy.Context) error {
 		return err
 	}
 	m.tab = val.(*table)
+	m.name = name(m.MaxEntries, m.MaxBytes)
+	store.Register(m.name, m)
 	return nil
 }
 
@@ -95,6 +98,7 @@ func (m *Memory) Cleanup() error {
 		return nil
 	}
 	m.cleaned = true
+	store.Unregister(m.name, m)
 	_, err := tables.Delete(m.poolKey)
 	return err
 }

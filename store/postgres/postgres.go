@@ -75,6 +75,7 @@ type Store struct {
 	schema  string
 	table   string
 	poolKey string
+	name    string // in the store registry
 	db      *database
 	logger  *zap.Logger
 }
@@ -126,6 +127,8 @@ func (s *Store) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("creating postgres pool: %w", err)
 	}
 	s.db = val.(*database)
+	s.name = registryName(cfg, s.schema, s.table)
+	store.Register(s.name, s)
 	return nil
 }
 
@@ -161,6 +164,7 @@ func (s *Store) Cleanup() error {
 	if s == nil || s.poolKey == "" {
 		return nil
 	}
+	store.Unregister(s.name, s)
 	key := s.poolKey
 	s.poolKey = ""
 	if _, err := databases.Delete(key); err != nil {

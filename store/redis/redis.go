@@ -86,11 +86,16 @@ type Store struct {
 	PoolSize int `json:"pool_size,omitempty"`
 
 	// Resolved at provisioning; the exported fields keep what was written.
-	opts    goredis.UniversalOptions
-	prefix  string
-	poolKey string
-	client  goredis.UniversalClient
-	logger  *zap.Logger
+	opts   goredis.UniversalOptions
+	prefix string
+	// callTimeout bounds one store call whatever go-redis does inside it:
+	// on a Cluster a command may be redirected and retried several times,
+	// each attempt with its own timeouts.
+	callTimeout time.Duration
+	poolKey     string
+	name        string // in the store registry
+	client      goredis.UniversalClient
+	logger      *zap.Logger
 }
 
 // CaddyModule returns the Caddy module information.
@@ -146,6 +151,7 @@ func (s *Store) Provision(ctx caddy.Context) error {
 	if err := s.Validate(); err != nil {
 		return err
 	}
+	s.callTimeout = s.opts.DialTimeout + 2*s.opts.ReadTimeout + s.opts.WriteTimeout
 
 	s.poolKey = s.clientKey()
 	val, loaded, err := clients.LoadOrNew(s.poolKey, func() (caddy.Destructor, error) {
@@ -160,6 +166,8 @@ func (s *Store) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("creating redis client: %w", err)
 	}
 	s.client = val.(sharedClient).UniversalClient
+	s.name = s.registryName()
+	store.Register(s.name, s)
 	if !loaded {
 		pingCtx, cancel := context.WithTimeout(ctx, provisionPing)
 		defer cancel()
@@ -211,6 +219,7 @@ func (s *Store) Cleanup() error {
 	if s == nil || s.poolKey == "" {
 		return nil
 	}
+	store.Unregister(s.name, s)
 	key := s.poolKey
 	// The client stays: requests of the old config may still be finishing
 	// after a reload; once the last user is gone their calls fail as
@@ -247,8 +256,14 @@ const ownerLen = store.TokenOffset + len(store.Token{})
 // ends with a zero header count and no body:
 //
 //	1-2 magic, state | 3-58 binding | 59-61 status, flags | 62- endpoint ... headers, body
+//
+// ARGV[4] is the prefix the completed record has: when go-redis resends the
+// script because the first reply was late, the second run finds the work
+// done and must say so rather than report a lost claim.
 var completeScript = goredis.NewScript(`
-if redis.call('GETRANGE', KEYS[1], 0, 17) ~= ARGV[1] then return 0 end
+local head = redis.call('GETRANGE', KEYS[1], 0, 17)
+if head == ARGV[4] then return 1 end
+if head ~= ARGV[1] then return 0 end
 local claim, rec = redis.call('GET', KEYS[1]), ARGV[2]
 redis.call('SET', KEYS[1],
 	string.sub(rec, 1, 2) .. string.sub(claim, 3, 58) .. string.sub(rec, 59, 61) ..
@@ -273,6 +288,8 @@ var now = time.Now
 // claim or returns the live record, which Redis expires by itself when the
 // lease or the TTL passes.
 func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (*store.Record, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.callTimeout)
+	defer cancel()
 	val := store.AppendClaim(make([]byte, 0, 128), c, now())
 	cmd := goredis.NewStringCmd(ctx, "set", s.key(key), val, "nx", "px", millis(c.Lease), "get")
 	_ = s.client.Process(ctx, cmd)
@@ -297,6 +314,8 @@ func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (*st
 
 // Complete stores rec in place of the claim held by token, for ttl.
 func (s *Store) Complete(ctx context.Context, key store.Key, token store.Token, rec *store.Record, ttl time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, s.callTimeout)
+	defer cancel()
 	val := store.AppendRecord(make([]byte, 0, 128+len(rec.Body)), &store.Record{
 		State:     store.Completed,
 		Status:    rec.Status,
@@ -304,16 +323,22 @@ func (s *Store) Complete(ctx context.Context, key store.Key, token store.Token, 
 		Body:      rec.Body,
 		Truncated: rec.Truncated,
 	})
-	return s.owned(completeScript.Run(ctx, s.client, []string{s.key(key)}, owner(token), val, millis(ttl)), "completing")
+	done := owner(token)
+	done[1] = byte(store.Completed)
+	return s.owned(completeScript.Run(ctx, s.client, []string{s.key(key)}, owner(token), val, millis(ttl), done), "completing")
 }
 
 // Release deletes the claim held by token.
 func (s *Store) Release(ctx context.Context, key store.Key, token store.Token) error {
+	ctx, cancel := context.WithTimeout(ctx, s.callTimeout)
+	defer cancel()
 	return s.owned(releaseScript.Run(ctx, s.client, []string{s.key(key)}, owner(token)), "releasing")
 }
 
 // Renew sets the lease of the claim held by token to lease from now.
 func (s *Store) Renew(ctx context.Context, key store.Key, token store.Token, lease time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, s.callTimeout)
+	defer cancel()
 	return s.owned(renewScript.Run(ctx, s.client, []string{s.key(key)}, owner(token), millis(lease)), "renewing")
 }
 

@@ -1,0 +1,329 @@
+package idempotency
+
+import (
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/caddy-idempotency/caddy-idempotency/store"
+)
+
+func init() {
+	caddy.RegisterModule(adminAPI{})
+}
+
+// The admin API's defaults and bounds.
+const (
+	adminBase         = "/idempotency/"
+	adminTimeout      = 30 * time.Second
+	defaultOlderThan  = 30 * time.Second
+	defaultStuckLimit = 100
+	maxStuckLimit     = 10000
+)
+
+// adminAPI serves /idempotency/ on Caddy's admin endpoint: it looks up and
+// purges keys and lists claims in flight, in every store that the running
+// configs have provisioned. It never returns a stored body or headers.
+//
+//	GET    /idempotency/stores
+//	GET    /idempotency/keys/<hash>[?store=<name>]
+//	GET    /idempotency/keys?key=<key>[&scope=<scope>][&store=<name>]
+//	DELETE (either keys form)
+//	GET    /idempotency/stuck[?older_than=30s][&limit=100][&store=<name>]
+type adminAPI struct {
+	// stores lists the stores to serve; nil means every registered store.
+	stores func() []store.Registration
+}
+
+// CaddyModule returns the Caddy module information.
+func (adminAPI) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "admin.api.idempotency",
+		New: func() caddy.Module { return new(adminAPI) },
+	}
+}
+
+// Routes returns the admin routes.
+func (a *adminAPI) Routes() []caddy.AdminRoute {
+	return []caddy.AdminRoute{{Pattern: adminBase, Handler: caddy.AdminHandlerFunc(a.serve)}}
+}
+
+// storeInfo is one element of GET /idempotency/stores.
+type storeInfo struct {
+	Name      string `json:"name"`
+	Module    string `json:"module"`
+	Inspector bool   `json:"inspector"`
+}
+
+// keyInfo is a record as the API shows it, the same for every store.
+type keyInfo struct {
+	Store     string     `json:"store,omitempty"`
+	Key       string     `json:"key"`
+	State     string     `json:"state"`
+	Endpoint  string     `json:"endpoint"`
+	Status    int        `json:"status,omitempty"`
+	CreatedAt time.Time  `json:"created_at"`
+	Age       string     `json:"age"`
+	ExpiresAt *time.Time `json:"expires_at,omitempty"`
+	ExpiresIn string     `json:"expires_in,omitempty"`
+	BodySize  int        `json:"body_size"`
+	Truncated bool       `json:"truncated"`
+}
+
+// purged is the answer to a DELETE.
+type purged struct {
+	Store   string `json:"store"`
+	Key     string `json:"key"`
+	Deleted bool   `json:"deleted"`
+}
+
+// stuckList is the answer to GET /idempotency/stuck.
+type stuckList struct {
+	Store     string    `json:"store"`
+	OlderThan string    `json:"older_than"`
+	Limit     int       `json:"limit"`
+	Claims    []keyInfo `json:"claims"`
+}
+
+func (a *adminAPI) serve(w http.ResponseWriter, r *http.Request) error {
+	ctx, cancel := context.WithTimeout(r.Context(), adminTimeout)
+	defer cancel()
+	switch path := strings.TrimPrefix(r.URL.Path, adminBase); {
+	case path == "stores":
+		if err := allow(r, http.MethodGet); err != nil {
+			return err
+		}
+		return a.listStores(w)
+	case path == "keys" || strings.HasPrefix(path, "keys/"):
+		if err := allow(r, http.MethodGet, http.MethodDelete); err != nil {
+			return err
+		}
+		return a.serveKey(ctx, w, r, strings.TrimPrefix(strings.TrimPrefix(path, "keys"), "/"))
+	case path == "stuck":
+		if err := allow(r, http.MethodGet); err != nil {
+			return err
+		}
+		return a.listStuck(ctx, w, r)
+	}
+	return apiError(http.StatusNotFound, "resource not found: %s (try %sstores, %skeys/<hash>, %skeys?key=<key>&scope=<scope> or %sstuck)",
+		r.URL.Path, adminBase, adminBase, adminBase, adminBase)
+}
+
+func (a *adminAPI) listStores(w http.ResponseWriter) error {
+	out := []storeInfo{}
+	for _, reg := range a.registered() {
+		_, ok := reg.Store.(store.Inspector)
+		out = append(out, storeInfo{Name: reg.Name, Module: reg.Module(), Inspector: ok})
+	}
+	return writeJSON(w, out)
+}
+
+func (a *adminAPI) serveKey(ctx context.Context, w http.ResponseWriter, r *http.Request, hash string) error {
+	q := r.URL.Query()
+	key, err := keyFromRequest(hash, q)
+	if err != nil {
+		return err
+	}
+	name, in, err := a.pick(q.Get("store"))
+	if err != nil {
+		return err
+	}
+	if r.Method == http.MethodDelete {
+		found, err := in.Delete(ctx, key)
+		if err != nil {
+			return storeError("deleting", name, err)
+		}
+		if !found {
+			return apiError(http.StatusNotFound, "no record for key %s in store %s", key, name)
+		}
+		return writeJSON(w, purged{Store: name, Key: key.String(), Deleted: true})
+	}
+	rec, expires, err := in.Lookup(ctx, key)
+	if err != nil {
+		return storeError("looking up", name, err)
+	}
+	if rec == nil {
+		return apiError(http.StatusNotFound, "no record for key %s in store %s", key, name)
+	}
+	info := describe(key, store.Summarize(rec), expires, time.Now())
+	info.Store = name
+	return writeJSON(w, info)
+}
+
+func (a *adminAPI) listStuck(ctx context.Context, w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	olderThan := defaultOlderThan
+	if v := q.Get("older_than"); v != "" {
+		d, err := caddy.ParseDuration(v)
+		if err != nil || d < 0 {
+			return apiError(http.StatusBadRequest, "older_than: %q is not a non-negative duration such as 30s or 5m", v)
+		}
+		olderThan = d
+	}
+	limit := defaultStuckLimit
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > maxStuckLimit {
+			return apiError(http.StatusBadRequest, "limit: %q is not a number from 1 to %d", v, maxStuckLimit)
+		}
+		limit = n
+	}
+	name, in, err := a.pick(q.Get("store"))
+	if err != nil {
+		return err
+	}
+	entries, err := in.InFlight(ctx, olderThan, limit)
+	if err != nil {
+		return storeError("listing claims", name, err)
+	}
+	out := stuckList{Store: name, OlderThan: olderThan.String(), Limit: limit, Claims: []keyInfo{}}
+	now := time.Now()
+	for _, e := range entries {
+		out.Claims = append(out.Claims, describe(e.Key, e.Summary, e.ExpiresAt, now))
+	}
+	return writeJSON(w, out)
+}
+
+// keyFromRequest reads the key from the path's hash or from the key and
+// scope parameters, which derive it the way the handler does.
+func keyFromRequest(hash string, q map[string][]string) (store.Key, error) {
+	var key store.Key
+	clientKey, hasKey := q["key"]
+	_, hasScope := q["scope"]
+	switch {
+	case hash != "" && (hasKey || hasScope):
+		return key, apiError(http.StatusBadRequest, "give either a hash in the path or key and scope parameters, not both")
+	case hash != "":
+		if len(hash) != hex.EncodedLen(len(key)) {
+			return key, apiError(http.StatusBadRequest, "%q is not a key hash: want 64 hex digits", hash)
+		}
+		if _, err := hex.Decode(key[:], []byte(hash)); err != nil {
+			return key, apiError(http.StatusBadRequest, "%q is not a key hash: want 64 hex digits", hash)
+		}
+		return key, nil
+	case !hasKey:
+		return key, apiError(http.StatusBadRequest, "missing key: use %skeys/<hash> or %skeys?key=<key>&scope=<scope>", adminBase, adminBase)
+	}
+	k, ok := parseKey(clientKey[0])
+	if !ok {
+		return key, apiError(http.StatusBadRequest, "key: not a valid Idempotency-Key (1 to 255 visible ASCII characters, bare or as a quoted string)")
+	}
+	var scope string
+	if s := q["scope"]; len(s) > 0 {
+		scope = s[0]
+	}
+	return store.NewKey(scope, k), nil
+}
+
+func (a *adminAPI) registered() []store.Registration {
+	if a.stores != nil {
+		return a.stores()
+	}
+	return store.Registered()
+}
+
+// pick finds the store that name designates: its full name, or its module
+// name when only one store of that module is provisioned, or nothing when
+// only one store is.
+func (a *adminAPI) pick(name string) (string, store.Inspector, error) {
+	regs := a.registered()
+	names := make([]string, len(regs))
+	for i, reg := range regs {
+		names[i] = reg.Name
+	}
+	var match []store.Registration
+	for _, reg := range regs {
+		if name == "" || reg.Name == name {
+			match = append(match, reg)
+		}
+	}
+	if len(match) == 0 && name != "" {
+		for _, reg := range regs {
+			if reg.Module() == name {
+				match = append(match, reg)
+			}
+		}
+	}
+	switch {
+	case len(regs) == 0:
+		return "", nil, apiError(http.StatusNotFound, "no idempotency store is provisioned: does the running config use the idempotency handler?")
+	case len(match) == 0:
+		return "", nil, apiError(http.StatusNotFound, "no store %q; provisioned stores: %s", name, strings.Join(names, ", "))
+	case len(match) > 1 && name == "":
+		return "", nil, apiError(http.StatusBadRequest, "%d stores are provisioned; choose one with store=<name> (--store on the command line): %s", len(match), strings.Join(names, ", "))
+	case len(match) > 1:
+		return "", nil, apiError(http.StatusBadRequest, "%d %s stores are provisioned; choose one with its full name: %s", len(match), name, strings.Join(names, ", "))
+	}
+	in, ok := match[0].Store.(store.Inspector)
+	if !ok {
+		return "", nil, apiError(http.StatusNotImplemented, "store %s cannot be inspected", match[0].Name)
+	}
+	return match[0].Name, in, nil
+}
+
+// describe shows a record's summary with its age and remaining time
+// relative to now. Times are UTC, to the millisecond.
+func describe(key store.Key, s store.Summary, expires time.Time, now time.Time) keyInfo {
+	info := keyInfo{
+		Key:       key.String(),
+		State:     s.State.String(),
+		Endpoint:  s.Endpoint,
+		Status:    s.Status,
+		CreatedAt: s.CreatedAt.UTC().Truncate(time.Millisecond),
+		Age:       max(now.Sub(s.CreatedAt), 0).Round(time.Millisecond).String(),
+		BodySize:  s.BodySize,
+		Truncated: s.Truncated,
+	}
+	if !expires.IsZero() {
+		t := expires.UTC().Truncate(time.Millisecond)
+		info.ExpiresAt = &t
+		info.ExpiresIn = max(expires.Sub(now), 0).Round(time.Millisecond).String()
+	}
+	return info
+}
+
+// allow refuses methods other than those given.
+func allow(r *http.Request, methods ...string) error {
+	for _, m := range methods {
+		if r.Method == m {
+			return nil
+		}
+	}
+	return caddy.APIError{
+		HTTPStatus: http.StatusMethodNotAllowed,
+		Err:        fmt.Errorf("method %s not allowed on %s; use %s", r.Method, r.URL.Path, strings.Join(methods, " or ")),
+	}
+}
+
+func apiError(status int, format string, args ...any) error {
+	return caddy.APIError{HTTPStatus: status, Err: fmt.Errorf(format, args...)}
+}
+
+// storeError answers 503 when the store cannot be reached, as the handler
+// does, and 500 otherwise.
+func storeError(op, name string, err error) error {
+	status := http.StatusInternalServerError
+	if errors.Is(err, store.ErrUnavailable) {
+		status = http.StatusServiceUnavailable
+	}
+	return caddy.APIError{HTTPStatus: status, Err: fmt.Errorf("%s in store %s: %w", op, name, err)}
+}
+
+func writeJSON(w http.ResponseWriter, v any) error {
+	w.Header().Set("Content-Type", "application/json")
+	return json.NewEncoder(w).Encode(v)
+}
+
+// Interface guards
+var (
+	_ caddy.Module      = (*adminAPI)(nil)
+	_ caddy.AdminRouter = (*adminAPI)(nil)
+)

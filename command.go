@@ -1,0 +1,384 @@
+package idempotency
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	caddycmd "github.com/caddyserver/caddy/v2/cmd"
+	"github.com/spf13/cobra"
+)
+
+func init() {
+	caddycmd.RegisterCommand(caddycmd.Command{
+		Name:  "idempotency",
+		Usage: "inspect|purge|stuck|stores [--address <interface>] [--store <name>] [--json]",
+		Short: "Inspects and purges the idempotency keys of a running Caddy",
+		Long: `
+Looks up, purges and lists the records of the idempotency handler's stores,
+through the admin API of a running Caddy (its admin.api.idempotency routes).
+
+  caddy idempotency stores
+  caddy idempotency inspect --scope <scope> --key <key>
+  caddy idempotency inspect --hash <64 hex digits>
+  caddy idempotency purge   --scope <scope> --key <key>
+  caddy idempotency stuck   --older-than 1m --limit 50
+
+The key is the client's Idempotency-Key and the scope what the route's
+scope template expanded to for that client (the authenticated user by
+default, empty on routes without authentication); or give the key's hash,
+as the {http.idempotency.key} placeholder logs it.
+
+--store chooses the store when the running configs use several: its name
+as 'stores' lists it, or its module name (memory, redis, file, postgres) if
+only one store of that module is used. --json prints the API's answer.
+
+Stored bodies and headers are never shown.
+`,
+		CobraFunc: setupCommand,
+	})
+}
+
+// cliOptions are the flags common to every subcommand.
+type cliOptions struct {
+	address, config, adapter, store string
+	json                            bool
+	out                             io.Writer
+}
+
+// setupCommand builds the subcommands under cmd; the tests call it on a
+// command of their own.
+func setupCommand(cmd *cobra.Command) {
+	opts := &cliOptions{}
+	pf := cmd.PersistentFlags()
+	pf.StringVar(&opts.address, "address", "", "The address of Caddy's admin API (default: from --config, else localhost:2019)")
+	pf.StringVarP(&opts.config, "config", "c", "", "Configuration file to read the admin address from, if --address is not used")
+	pf.StringVarP(&opts.adapter, "adapter", "a", "", "Name of the config adapter to apply (when --config is used)")
+	pf.StringVar(&opts.store, "store", "", "The store to use, as 'stores' lists it, when the config uses several")
+	pf.BoolVar(&opts.json, "json", false, "Print the admin API's JSON answer")
+
+	var k keyFlags
+	inspect := &cobra.Command{
+		Use:   "inspect [--hash <hash> | --key <key> [--scope <scope>]]",
+		Short: "Shows the record of a key: state, endpoint, status, age, expiry, body size",
+		Args:  cobra.MaximumNArgs(1),
+		RunE: func(c *cobra.Command, args []string) error {
+			return opts.run(c, func(ctx context.Context) error { return opts.inspect(ctx, k.path(args)) })
+		},
+	}
+	k.add(inspect)
+
+	var pk keyFlags
+	purge := &cobra.Command{
+		Use:   "purge [--hash <hash> | --key <key> [--scope <scope>]]",
+		Short: "Deletes the record of a key, whatever its state: the next request with the key runs anew",
+		Args:  cobra.MaximumNArgs(1),
+		RunE: func(c *cobra.Command, args []string) error {
+			return opts.run(c, func(ctx context.Context) error { return opts.purge(ctx, pk.path(args)) })
+		},
+	}
+	pk.add(purge)
+
+	var olderThan string
+	var limit int
+	stuck := &cobra.Command{
+		Use:   "stuck [--older-than <duration>] [--limit <n>]",
+		Short: "Lists the claims in flight for longer than a given age, oldest first",
+		Args:  cobra.NoArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			return opts.run(c, func(ctx context.Context) error { return opts.stuck(ctx, olderThan, limit) })
+		},
+	}
+	stuck.Flags().StringVar(&olderThan, "older-than", defaultOlderThan.String(), "List claims made at least this long ago")
+	stuck.Flags().IntVar(&limit, "limit", defaultStuckLimit, "List at most this many claims")
+
+	stores := &cobra.Command{
+		Use:   "stores",
+		Short: "Lists the stores of the running configs",
+		Args:  cobra.NoArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			return opts.run(c, opts.stores)
+		},
+	}
+	cmd.AddCommand(inspect, purge, stuck, stores)
+}
+
+// keyFlags name a key by its hash, or by the client's key and its scope.
+type keyFlags struct{ hash, key, scope string }
+
+func (k *keyFlags) add(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&k.hash, "hash", "", "The key's hash, 64 hex digits (as {http.idempotency.key} logs it); may also be given as the argument")
+	cmd.Flags().StringVar(&k.key, "key", "", "The client's Idempotency-Key")
+	cmd.Flags().StringVar(&k.scope, "scope", "", "The scope the key was used in (the route's scope, by default the authenticated user)")
+	cmd.MarkFlagsMutuallyExclusive("hash", "key")
+	cmd.MarkFlagsMutuallyExclusive("hash", "scope")
+}
+
+// path is the API path and query that designate the key, without store.
+func (k *keyFlags) path(args []string) func() (string, url.Values, error) {
+	return func() (string, url.Values, error) {
+		hash := k.hash
+		if len(args) == 1 {
+			if hash != "" || k.key != "" {
+				return "", nil, errors.New("give the key once: as an argument, --hash or --key")
+			}
+			hash = args[0]
+		}
+		q := url.Values{}
+		switch {
+		case hash != "":
+			return adminBase + "keys/" + url.PathEscape(strings.ToLower(hash)), q, nil
+		case k.key != "":
+			q.Set("key", k.key)
+			q.Set("scope", k.scope)
+			return adminBase + "keys", q, nil
+		}
+		return "", nil, errors.New("which key? give --hash <hash>, or --key <key> with --scope <scope>")
+	}
+}
+
+// run runs f with the command's output and context.
+func (o *cliOptions) run(c *cobra.Command, f func(context.Context) error) error {
+	o.out = c.OutOrStdout()
+	ctx := c.Context()
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	ctx, cancel := context.WithTimeout(ctx, adminTimeout+5*time.Second)
+	defer cancel()
+	return f(ctx)
+}
+
+func (o *cliOptions) inspect(ctx context.Context, key func() (string, url.Values, error)) error {
+	path, q, err := key()
+	if err != nil {
+		return err
+	}
+	var info keyInfo
+	raw, err := o.call(ctx, http.MethodGet, path, q, &info)
+	if err != nil || o.json {
+		return o.printJSON(raw, err)
+	}
+	tw := tabwriter.NewWriter(o.out, 0, 0, 2, ' ', 0)
+	row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, v) }
+	row("store", info.Store)
+	row("key", info.Key)
+	row("state", info.State)
+	row("endpoint", info.Endpoint)
+	if info.State == "completed" {
+		row("status", strconv.Itoa(info.Status))
+	}
+	row("created", fmt.Sprintf("%s (%s ago)", info.CreatedAt.Format(time.RFC3339), shortDuration(info.Age)))
+	if info.ExpiresAt != nil {
+		what := "expires"
+		if info.State == "in_progress" {
+			what = "lease ends"
+		}
+		row(what, fmt.Sprintf("%s (in %s)", info.ExpiresAt.Format(time.RFC3339), shortDuration(info.ExpiresIn)))
+	} else {
+		row("expires", "never")
+	}
+	if info.State == "completed" {
+		row("body", fmt.Sprintf("%d bytes", info.BodySize))
+		row("replayable", yesNo(!info.Truncated))
+	}
+	return tw.Flush()
+}
+
+func (o *cliOptions) purge(ctx context.Context, key func() (string, url.Values, error)) error {
+	path, q, err := key()
+	if err != nil {
+		return err
+	}
+	var p purged
+	raw, err := o.call(ctx, http.MethodDelete, path, q, &p)
+	if err != nil || o.json {
+		return o.printJSON(raw, err)
+	}
+	_, err = fmt.Fprintf(o.out, "purged %s from %s\n", p.Key, p.Store)
+	return err
+}
+
+func (o *cliOptions) stuck(ctx context.Context, olderThan string, limit int) error {
+	q := url.Values{}
+	q.Set("older_than", olderThan)
+	q.Set("limit", strconv.Itoa(limit))
+	var list stuckList
+	raw, err := o.call(ctx, http.MethodGet, adminBase+"stuck", q, &list)
+	if err != nil || o.json {
+		return o.printJSON(raw, err)
+	}
+	if len(list.Claims) == 0 {
+		_, err := fmt.Fprintf(o.out, "no claim in flight for %s or longer in %s\n", shortDuration(list.OlderThan), list.Store)
+		return err
+	}
+	tw := tabwriter.NewWriter(o.out, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "KEY\tAGE\tLEASE ENDS IN\tENDPOINT")
+	for _, c := range list.Claims {
+		lease := "never"
+		if c.ExpiresAt != nil {
+			lease = shortDuration(c.ExpiresIn)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", c.Key, shortDuration(c.Age), lease, c.Endpoint)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(list.Claims) == list.Limit {
+		_, err := fmt.Fprintf(o.out, "(the first %d; there may be more: raise --limit)\n", list.Limit)
+		return err
+	}
+	return nil
+}
+
+func (o *cliOptions) stores(ctx context.Context) error {
+	var list []storeInfo
+	raw, err := o.call(ctx, http.MethodGet, adminBase+"stores", nil, &list)
+	if err != nil || o.json {
+		return o.printJSON(raw, err)
+	}
+	if len(list) == 0 {
+		_, err := fmt.Fprintln(o.out, "no idempotency store is provisioned")
+		return err
+	}
+	tw := tabwriter.NewWriter(o.out, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tMODULE")
+	for _, s := range list {
+		fmt.Fprintf(tw, "%s\t%s\n", s.Name, s.Module)
+	}
+	return tw.Flush()
+}
+
+// printJSON prints the API's answer indented, unless the call failed.
+func (o *cliOptions) printJSON(raw []byte, err error) error {
+	if err != nil {
+		return err
+	}
+	var buf bytes.Buffer
+	if json.Indent(&buf, raw, "", "  ") != nil {
+		buf.Reset()
+		buf.Write(raw)
+	}
+	if !bytes.HasSuffix(buf.Bytes(), []byte("\n")) {
+		buf.WriteByte('\n')
+	}
+	_, err = o.out.Write(buf.Bytes())
+	return err
+}
+
+// call sends a request to the admin API, adding the store parameter, and
+// decodes a successful answer into v. It returns the raw answer, and an
+// error with the API's message when the answer is not a success.
+func (o *cliOptions) call(ctx context.Context, method, path string, q url.Values, v any) ([]byte, error) {
+	addr, err := caddycmd.DetermineAdminAPIAddress(o.address, nil, o.config, o.adapter)
+	if err != nil {
+		return nil, fmt.Errorf("finding the admin API's address: %w", err)
+	}
+	if o.store != "" {
+		if q == nil {
+			q = url.Values{}
+		}
+		q.Set("store", o.store)
+	}
+	if len(q) > 0 {
+		path += "?" + q.Encode()
+	}
+	resp, err := adminRequest(ctx, addr, method, path)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	if err != nil {
+		return nil, fmt.Errorf("reading the admin API's answer: %w", err)
+	}
+	if resp.StatusCode >= 300 {
+		var apiErr struct {
+			Error string `json:"error"`
+		}
+		if json.Unmarshal(raw, &apiErr) == nil && apiErr.Error != "" {
+			return nil, errors.New(apiErr.Error)
+		}
+		if resp.StatusCode == http.StatusNotFound && !strings.Contains(resp.Header.Get("Content-Type"), "json") {
+			return nil, fmt.Errorf("%s answered 404 for %s: is this Caddy built with the idempotency module?", addr, path)
+		}
+		return nil, fmt.Errorf("%s answered %s: %s", addr, resp.Status, bytes.TrimSpace(raw))
+	}
+	if err := json.Unmarshal(raw, v); err != nil {
+		return nil, fmt.Errorf("decoding the admin API's answer: %w", err)
+	}
+	return raw, nil
+}
+
+// adminRequest sends a request to Caddy's admin API at addr, which may be
+// a TCP or a unix socket address, with the Origin that the API requires of
+// TCP clients, as caddycmd.AdminAPIRequest does.
+func adminRequest(ctx context.Context, addr, method, path string) (*http.Response, error) {
+	parsed, err := caddy.ParseNetworkAddress(addr)
+	if err != nil || parsed.PortRangeSize() > 1 {
+		return nil, fmt.Errorf("invalid admin address %s: %v", addr, err)
+	}
+	origin := "http://" + parsed.JoinHostPort(0)
+	socket := parsed.IsUnixNetwork() || parsed.IsFdNetwork()
+	if socket {
+		// The host is a placeholder: the connection goes to the socket.
+		origin = "http://127.0.0.1"
+		// A unix address may end with |<permission bits>.
+		if i := strings.LastIndexByte(parsed.Host, '|'); i >= 0 {
+			parsed.Host = parsed.Host[:i]
+		}
+	}
+	req, err := http.NewRequestWithContext(ctx, method, origin+path, nil)
+	if err != nil {
+		return nil, fmt.Errorf("making request: %w", err)
+	}
+	if !socket {
+		req.Header.Set("Origin", origin)
+	}
+	client := http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, parsed.Network, parsed.JoinHostPort(0))
+		},
+	}}
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("calling the admin API at %s (is Caddy running, with its admin API there?): %w", addr, err)
+	}
+	return resp, nil
+}
+
+// shortDuration rounds a duration string from the API to whole seconds
+// from one second up, and drops zero minutes and seconds: 1h, 2m30s, 45s.
+func shortDuration(s string) string {
+	d, err := time.ParseDuration(s)
+	if err != nil || d < time.Second {
+		return s
+	}
+	s = d.Round(time.Second).String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no (its response was over max_response_body or broke off: retries get 409)"
+}

@@ -1,0 +1,111 @@
+package file
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/caddy-idempotency/caddy-idempotency/store"
+)
+
+// Offsets in a stored value (expiry, then the shared codec) of the fields
+// that InFlight reads before deciding to decode a record.
+const (
+	stateOffset   = expiryLen + 1
+	createdOffset = expiryLen + 50
+	headLen       = expiryLen + 61
+)
+
+// registryName is the database file, which alone decides what records a
+// store sees.
+func registryName(path string) string { return "file:" + path }
+
+// Lookup reads key's live record and its expiry in a read-only
+// transaction.
+func (s *Store) Lookup(ctx context.Context, key store.Key) (*store.Record, time.Time, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, time.Time{}, unavailable("looking up", err)
+	}
+	var rec *store.Record
+	var expires time.Time
+	err := s.db.View(func(tx *bolt.Tx) error {
+		var err error
+		b := tx.Bucket(records)
+		if rec, err = liveRecord(b, key, now()); err != nil || rec == nil {
+			return err
+		}
+		expires = time.Unix(0, expiresAt(b.Get(key[:])))
+		return nil
+	})
+	if err != nil {
+		return nil, time.Time{}, unavailable("looking up", err)
+	}
+	return rec, expires, nil
+}
+
+// Delete removes key's record, whoever owns it, expired or not, and
+// reports whether it was live.
+func (s *Store) Delete(ctx context.Context, key store.Key) (bool, error) {
+	if err := ctx.Err(); err != nil {
+		return false, unavailable("deleting", err)
+	}
+	var found bool
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(records)
+		v := b.Get(key[:])
+		if v == nil {
+			return nil
+		}
+		found = live(v, now())
+		return b.Delete(key[:])
+	})
+	if err != nil {
+		return false, unavailable("deleting", err)
+	}
+	return found, nil
+}
+
+// InFlight walks the whole bucket with a cursor in one read-only
+// transaction, which writers do not wait for, reading only the fixed head
+// of each value and decoding the claims it keeps.
+func (s *Store) InFlight(ctx context.Context, olderThan time.Duration, limit int) ([]store.Entry, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, unavailable("listing claims", err)
+	}
+	if limit <= 0 {
+		return nil, nil
+	}
+	var out []store.Entry
+	err := s.db.View(func(tx *bolt.Tx) error {
+		t := now()
+		cutoff := t.Add(-olderThan).UnixNano()
+		c := tx.Bucket(records).Cursor()
+		scanned := 0
+		for k, v := c.First(); k != nil; k, v = c.Next() {
+			if scanned++; scanned%4096 == 0 && ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if len(k) != len(store.Key{}) || len(v) < headLen || v[stateOffset] != byte(store.InProgress) || !live(v, t) ||
+				int64(binary.BigEndian.Uint64(v[createdOffset:])) > cutoff {
+				continue
+			}
+			rec, err := store.DecodeRecord(bytes.Clone(v[expiryLen:]))
+			if err != nil {
+				continue // not a record this store wrote: leave it to Lookup to report
+			}
+			e := store.Entry{Summary: store.Summarize(rec), ExpiresAt: time.Unix(0, expiresAt(v))}
+			copy(e.Key[:], k)
+			out = append(out, e)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, unavailable("listing claims", err)
+	}
+	return store.SortEntries(out, limit), nil
+}
+
+var _ store.Inspector = (*Store)(nil)

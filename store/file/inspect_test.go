@@ -1,0 +1,94 @@
+package file
+
+import (
+	"bytes"
+	"context"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/caddy-idempotency/caddy-idempotency/store"
+	"github.com/caddy-idempotency/caddy-idempotency/store/storetest"
+)
+
+func TestInspector(t *testing.T) {
+	storetest.RunInspector(t, func(t *testing.T) store.Store { return provision(t, &Store{Path: t.TempDir()}) })
+}
+
+func TestInspectorUnavailableOnceClosed(t *testing.T) {
+	s := provision(t, &Store{Path: t.TempDir()})
+	s.Cleanup()
+	storetest.CheckInspectorUnavailable(t, s)
+}
+
+func registered(name string) store.Store {
+	for _, r := range store.Registered() {
+		if r.Name == name {
+			return r.Store
+		}
+	}
+	return nil
+}
+
+// One file is one name however its path is spelled, registered until the
+// last store that uses it is cleaned up.
+func TestRegistered(t *testing.T) {
+	dir := t.TempDir()
+	a := provision(t, &Store{Path: dir})
+	real, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := "file:" + filepath.Join(real, fileName)
+	if got := registered(name); got != a {
+		t.Fatalf("registered %v under %s, want the store", got, name)
+	}
+	b := provision(t, &Store{Path: dir + "/./"})
+	a.Cleanup()
+	if got := registered(name); got != b {
+		t.Fatalf("registered %v after the old config's cleanup, want the new store", got)
+	}
+	b.Cleanup()
+	if got := registered(name); got != nil {
+		t.Fatalf("registered %v after every cleanup, want none", got)
+	}
+}
+
+// InFlight skips values it did not write and reads claims whose endpoint is
+// long.
+func TestInFlightSkipsForeignValues(t *testing.T) {
+	s := provision(t, &Store{Path: t.TempDir()})
+	ctx := context.Background()
+	k := storetest.NewKey()
+	c := claim(time.Minute)
+	c.Endpoint = "POST example.com/" + strings.Repeat("x", 5000)
+	if rec, err := s.Acquire(ctx, k, c); rec != nil || err != nil {
+		t.Fatal(rec, err)
+	}
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(records)
+		// A far expiry and an in-progress state byte, but no magic.
+		bad := bytes.Repeat([]byte{0xff}, 100)
+		bad[0] = 0x7f
+		bad[stateOffset] = byte(store.InProgress)
+		for key, v := range map[string][]byte{"short-key": bad, strings.Repeat("k", 32): []byte("x"), strings.Repeat("j", 32): bad} {
+			if err := b.Put([]byte(key), v); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.InFlight(ctx, 0, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got[0].Key != k || got[0].Endpoint != c.Endpoint {
+		t.Fatalf("InFlight = %+v, want the one claim", got)
+	}
+}

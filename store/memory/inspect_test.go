@@ -1,0 +1,73 @@
+package memory
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/caddy-idempotency/caddy-idempotency/store"
+	"github.com/caddy-idempotency/caddy-idempotency/store/storetest"
+)
+
+func TestInspector(t *testing.T) {
+	storetest.RunInspector(t, func(t *testing.T) store.Store { return open(t, &Memory{}) })
+}
+
+func registered(name string) store.Store {
+	for _, r := range store.Registered() {
+		if r.Name == name {
+			return r.Store
+		}
+	}
+	return nil
+}
+
+// Every config with the same limits shares a table, so they share a name,
+// registered until the last of them is cleaned up.
+func TestRegistered(t *testing.T) {
+	const name = "memory:4243/268435456"
+	a := open(t, &Memory{MaxEntries: 4243})
+	if got := registered(name); got != a {
+		t.Fatalf("registered %v under %s, want the store", got, name)
+	}
+	b := open(t, &Memory{MaxEntries: 4243, MaxBytes: defaultMaxBytes})
+	if got := registered(name); got != b {
+		t.Fatalf("registered %v after a reload, want the new store", got)
+	}
+	a.Cleanup()
+	if got := registered(name); got != b {
+		t.Fatalf("registered %v after the old config's cleanup, want the new store", got)
+	}
+	b.Cleanup()
+	if got := registered(name); got != nil {
+		t.Fatalf("registered %v after every cleanup, want none", got)
+	}
+}
+
+func TestInFlightOldestFirst(t *testing.T) {
+	m := open(t, &Memory{MaxEntries: 4244})
+	ctx := context.Background()
+	base := time.Now()
+	keys := make([]store.Key, 5)
+	for i := range keys {
+		// Claims made i minutes apart, the first the oldest.
+		now = func() time.Time { return base.Add(time.Duration(i) * time.Minute) }
+		keys[i] = storetest.NewKey()
+		if rec, err := m.Acquire(ctx, keys[i], &store.Claim{Token: storetest.NewToken(), Lease: time.Hour}); rec != nil || err != nil {
+			t.Fatal(rec, err)
+		}
+	}
+	now = func() time.Time { return base.Add(10 * time.Minute) }
+	t.Cleanup(func() { now = time.Now })
+	got, err := m.InFlight(ctx, 7*time.Minute, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Claims 0 to 3 are at least 7 minutes old; the 2 oldest are listed.
+	if len(got) != 2 || got[0].Key != keys[0] || got[1].Key != keys[1] {
+		t.Fatalf("InFlight(7m, 2) = %v, want the 2 oldest claims", got)
+	}
+	if got[0].ExpiresAt != base.Add(time.Hour) {
+		t.Fatalf("listed expiry %v, want %v", got[0].ExpiresAt, base.Add(time.Hour))
+	}
+}

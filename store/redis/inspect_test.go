@@ -1,0 +1,142 @@
+package redis
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testredis"
+	"github.com/caddy-idempotency/caddy-idempotency/store"
+	"github.com/caddy-idempotency/caddy-idempotency/store/storetest"
+)
+
+func TestInspector(t *testing.T) {
+	srv := testredis.Start(t)
+	storetest.RunInspector(t, func(t *testing.T) store.Store { return open(t, srv) })
+}
+
+func TestInspectorUnavailable(t *testing.T) {
+	srv := testredis.Start(t)
+	s := provision(t, &Store{
+		Addresses:    []string{srv.Addr()},
+		DialTimeout:  caddy.Duration(200 * time.Millisecond),
+		ReadTimeout:  caddy.Duration(200 * time.Millisecond),
+		WriteTimeout: caddy.Duration(200 * time.Millisecond),
+	})
+	srv.Kill()
+	storetest.CheckInspectorUnavailable(t, s)
+}
+
+// InFlight walks many SCAN batches, escapes the prefix in its pattern,
+// skips what it did not write, and reads claims too long for one peek.
+func TestInFlightScan(t *testing.T) {
+	srv := testredis.Start(t)
+	s := provision(t, &Store{Addresses: []string{srv.Addr()}, KeyPrefix: "te*st[x]"})
+	// Unescaped, the pattern te*st[x]:{*} would match this store's keys.
+	neighbour := provision(t, &Store{Addresses: []string{srv.Addr()}, KeyPrefix: "teXstx"})
+	ctx := context.Background()
+	rdb := srv.Client()
+
+	// Completed records, some with bodies longer than a peek, written in
+	// one pipeline: three SCAN batches' worth.
+	p := rdb.Pipeline()
+	body := []byte(strings.Repeat("b", 3*peekLen))
+	for i := range 2500 {
+		rec := &store.Record{State: store.Completed, Status: 201, CreatedAt: time.Now().Add(-time.Hour),
+			Header: http.Header{"Content-Type": {"text/plain"}}, Endpoint: "POST example.com/done"}
+		if i%10 == 0 {
+			rec.Body = body
+		}
+		p.Set(ctx, s.key(storetest.NewKey()), store.AppendRecord(nil, rec), time.Hour)
+	}
+	if _, err := p.Exec(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	want := map[store.Key]string{}
+	for i := range 3 {
+		k, c := storetest.NewKey(), claim()
+		if i == 0 {
+			c.Endpoint = "POST example.com/" + strings.Repeat("x", 2*peekLen)
+		}
+		if rec, err := s.Acquire(ctx, k, c); rec != nil || err != nil {
+			t.Fatal(rec, err)
+		}
+		want[k] = c.Endpoint
+	}
+	// A claim without expiry, as someone may have restored by hand.
+	forever, fc := storetest.NewKey(), claim()
+	rdb.Set(ctx, s.key(forever), store.AppendClaim(nil, fc, time.Now()), 0)
+	want[forever] = fc.Endpoint
+	// Keys of the pattern that are not records of this store.
+	rdb.Set(ctx, "te*st[x]:{not-hex}", "x", 0)
+	rdb.HSet(ctx, s.key(storetest.NewKey()), "field", "value")
+	rdb.Set(ctx, s.key(storetest.NewKey()), "garbage that is not a record", 0)
+	if _, err := neighbour.Acquire(ctx, storetest.NewKey(), claim()); err != nil {
+		t.Fatal(err)
+	}
+
+	got, err := s.InFlight(ctx, 0, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(want) {
+		t.Fatalf("InFlight listed %d claims, want %d: %+v", len(got), len(want), got)
+	}
+	for _, e := range got {
+		endpoint, ok := want[e.Key]
+		if !ok || e.Endpoint != endpoint {
+			t.Fatalf("InFlight listed %x with endpoint of %d bytes, not one of the claims", e.Key, len(e.Endpoint))
+		}
+		if (e.Key == forever) != e.ExpiresAt.IsZero() {
+			t.Fatalf("claim %x expires at %v", e.Key, e.ExpiresAt)
+		}
+	}
+	if got, err := s.InFlight(ctx, 0, 2); err != nil || len(got) != 2 {
+		t.Fatalf("InFlight(0, 2) = %d claims, %v; want 2", len(got), err)
+	}
+	if got, err := s.InFlight(ctx, time.Hour, 1000); err != nil || len(got) != 0 {
+		t.Fatalf("InFlight(1h) = %+v, %v; want none", got, err)
+	}
+}
+
+func TestRegistryName(t *testing.T) {
+	srv := testredis.Start(t)
+	s := provision(t, &Store{Addresses: []string{srv.Addr()}, Password: "hunter2", DB: 3})
+	want := "redis:" + srv.Addr() + "/3/idempotency"
+	if s.name != want {
+		t.Fatalf("name %q, want %q", s.name, want)
+	}
+	found := false
+	for _, r := range store.Registered() {
+		if strings.Contains(r.Name, "hunter2") {
+			t.Fatalf("registered name %q holds the password", r.Name)
+		}
+		found = found || (r.Name == want && r.Store == store.Store(s))
+	}
+	if !found {
+		t.Fatalf("%s is not registered", want)
+	}
+	s.Cleanup()
+	for _, r := range store.Registered() {
+		if r.Name == want {
+			t.Fatalf("%s is still registered after Cleanup", want)
+		}
+	}
+
+	sentinel := &Store{opts: goredis.UniversalOptions{Addrs: []string{"s2:26379", "s1:26379"}, MasterName: "mymaster", DB: 2}, prefix: "app"}
+	if got, want := sentinel.registryName(), "redis:mymaster@s1:26379,s2:26379/2/app"; got != want {
+		t.Fatalf("Sentinel name %q, want %q", got, want)
+	}
+}
+
+func TestGlobEscape(t *testing.T) {
+	if got, want := globEscape(`a*b?c[d]e\f^g`), `a\*b\?c\[d\]e\\f\^g`; got != want {
+		t.Fatalf("globEscape = %q, want %q", got, want)
+	}
+}
