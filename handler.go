@@ -351,7 +351,7 @@ func (h *Handler) finish(key store.Key, c *store.Claim, rw *recorder, handlerErr
 	err := h.store.Complete(ctx, key, c.Token, rec, time.Duration(h.TTL))
 	switch {
 	case errors.Is(err, store.ErrNotOwner):
-		h.logger.Error("claim was lost before the response could be stored: the lease passed and another request took the key over; raise lock_timeout",
+		h.logger.Error("claim was lost before the response could be stored: the lease passed and another request took the key over (raise lock_timeout), or an operator purged it",
 			zap.String("key_hash", key.String()))
 	case err != nil:
 		h.logger.Error("storing the response failed; a retry after the lease passes will run the request again",

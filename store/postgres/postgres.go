@@ -215,6 +215,7 @@ func redactDSN(dsn string) string {
 func DDL(schema, table string) string {
 	name := qualify(schema, table)
 	index := pgx.Identifier{table + "_expires_at_idx"}.Sanitize()
+	inFlight := pgx.Identifier{table + "_in_progress_idx"}.Sanitize()
 	return fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %[1]s (
 	key         bytea       PRIMARY KEY,
 	state       text        NOT NULL CHECK (state IN ('in_progress', 'completed')),
@@ -229,7 +230,8 @@ func DDL(schema, table string) string {
 	expires_at  timestamptz NOT NULL
 );
 CREATE INDEX IF NOT EXISTS %[2]s ON %[1]s (expires_at);
-`, name, index)
+CREATE INDEX IF NOT EXISTS %[3]s ON %[1]s (created_at) WHERE state = 'in_progress';
+`, name, index, inFlight)
 }
 
 // qualify quotes the table name, so that it is used exactly as written.
