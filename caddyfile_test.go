@@ -249,3 +249,82 @@ func TestValidateRefusesBadJSONConfig(t *testing.T) {
 		cancel()
 	}
 }
+
+// Golden adapt tests for every store's options.
+func TestAdaptEveryStore(t *testing.T) {
+	for _, tc := range []struct{ name, caddyfile, json string }{
+		{"memory", `store memory {
+			max_entries 5000
+			max_bytes   64MiB
+		}`, `{
+										"max_bytes": 67108864,
+										"max_entries": 5000,
+										"module": "memory"
+									}`},
+		{"redis sentinel", `store redis {
+			address      10.0.0.1:26379 10.0.0.2:26379
+			master_name  mymaster
+			dial_timeout 500ms
+			read_timeout 250ms
+			write_timeout 250ms
+			pool_size    64
+		}`, `{
+										"addresses": [
+											"10.0.0.1:26379",
+											"10.0.0.2:26379"
+										],
+										"dial_timeout": 500000000,
+										"master_name": "mymaster",
+										"module": "redis",
+										"pool_size": 64,
+										"read_timeout": 250000000,
+										"write_timeout": 250000000
+									}`},
+		{"file", `store file {
+			path /var/lib/caddy/idempotency
+		}`, `{
+										"module": "file",
+										"path": "/var/lib/caddy/idempotency"
+									}`},
+		{"postgres", `store postgres {
+			dsn          {env.DATABASE_URL}
+			table        api_idempotency
+			schema       gateway
+			max_conns    8
+			create_table off
+		}`, `{
+										"create_table": false,
+										"dsn": "{env.DATABASE_URL}",
+										"max_conns": 8,
+										"module": "postgres",
+										"schema": "gateway",
+										"table": "api_idempotency"
+									}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			caddytest.AssertAdapt(t, ":8080 {\n\tidempotency {\n\t\t"+tc.caddyfile+"\n\t}\n}", "caddyfile", `{
+	"apps": {
+		"http": {
+			"servers": {
+				"srv0": {
+					"listen": [
+						":8080"
+					],
+					"routes": [
+						{
+							"handle": [
+								{
+									"handler": "idempotency",
+									"store": `+tc.json+`
+								}
+							]
+						}
+					]
+				}
+			}
+		}
+	}
+}`)
+		})
+	}
+}
