@@ -1,12 +1,11 @@
 package idempotency
 
 import (
-	"github.com/caddyserver/caddy/v2"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/cfarg"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"github.com/dustin/go-humanize"
 )
 
 func init() {
@@ -58,11 +57,11 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		var err error
 		switch opt {
 		case "key_header":
-			h.KeyHeader, err = oneArg(d)
+			h.KeyHeader, err = cfarg.One(d, opt)
 		case "replay_header":
-			h.ReplayHeader, err = oneArg(d)
+			h.ReplayHeader, err = cfarg.One(d, opt)
 		case "scope":
-			h.Scope, err = oneArg(d)
+			h.Scope, err = cfarg.One(d, opt)
 		case "methods":
 			h.Methods = d.RemainingArgs()
 			if len(h.Methods) == 0 {
@@ -79,15 +78,15 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			h.Required = true
 		case "ttl":
-			h.TTL, err = durationArg(d)
+			h.TTL, err = cfarg.Duration(d, opt, true)
 		case "lock_timeout":
-			h.LockTimeout, err = durationArg(d)
+			h.LockTimeout, err = cfarg.Duration(d, opt, true)
 		case "max_request_body":
-			h.MaxRequestBody, err = sizeArg(d)
+			h.MaxRequestBody, err = cfarg.Size(d, opt)
 		case "max_response_body":
-			h.MaxResponseBody, err = sizeArg(d)
+			h.MaxResponseBody, err = cfarg.Size(d, opt)
 		case "on_store_error":
-			h.OnStoreError, err = oneArg(d)
+			h.OnStoreError, err = cfarg.One(d, opt)
 			if err == nil && h.OnStoreError != failClosed && h.OnStoreError != failOpen {
 				return d.Errf("on_store_error: want fail_closed or fail_open, got '%s'", h.OnStoreError)
 			}
@@ -130,7 +129,7 @@ func (h *Handler) unmarshalOnConflict(d *caddyfile.Dispenser) error {
 			return d.Errf("on_conflict reject takes no duration, got '%s'", d.Val())
 		}
 	case conflictWait:
-		dur, err := durationArg(d)
+		dur, err := cfarg.Duration(d, "on_conflict wait", true)
 		if err != nil {
 			return err
 		}
@@ -141,44 +140,4 @@ func (h *Handler) unmarshalOnConflict(d *caddyfile.Dispenser) error {
 	return nil
 }
 
-func oneArg(d *caddyfile.Dispenser) (string, error) {
-	opt := d.Val()
-	if !d.NextArg() {
-		return "", d.Errf("%s: missing value", opt)
-	}
-	val := d.Val()
-	if d.NextArg() {
-		return "", d.Errf("%s: want one value, got extra '%s'", opt, d.Val())
-	}
-	return val, nil
-}
-
-func durationArg(d *caddyfile.Dispenser) (caddy.Duration, error) {
-	opt := d.Val()
-	val, err := oneArg(d)
-	if err != nil {
-		return 0, err
-	}
-	dur, err := caddy.ParseDuration(val)
-	if err != nil || dur <= 0 {
-		return 0, d.Errf("%s: invalid duration '%s'", opt, val)
-	}
-	return caddy.Duration(dur), nil
-}
-
-func sizeArg(d *caddyfile.Dispenser) (int64, error) {
-	opt := d.Val()
-	val, err := oneArg(d)
-	if err != nil {
-		return 0, err
-	}
-	n, err := humanize.ParseBytes(val)
-	if err != nil || n == 0 || n > 1<<40 {
-		return 0, d.Errf("%s: invalid size '%s' (want for example 1MiB)", opt, val)
-	}
-	return int64(n), nil
-}
-
-var (
-	_ caddyfile.Unmarshaler = (*Handler)(nil)
-)
+var _ caddyfile.Unmarshaler = (*Handler)(nil)

@@ -13,7 +13,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"strconv"
 	"strings"
 	"time"
 
@@ -22,6 +21,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
+	"github.com/caddy-idempotency/caddy-idempotency/internal/cfarg"
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
@@ -440,28 +440,28 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			s.Addresses = append(s.Addresses, args...)
 		case "master_name":
-			s.MasterName, err = oneArg(d, opt)
+			s.MasterName, err = cfarg.One(d, opt)
 		case "username":
-			s.Username, err = oneArg(d, opt)
+			s.Username, err = cfarg.One(d, opt)
 		case "password":
-			s.Password, err = oneArg(d, opt)
+			s.Password, err = cfarg.One(d, opt)
 		case "key_prefix":
-			s.KeyPrefix, err = oneArg(d, opt)
+			s.KeyPrefix, err = cfarg.One(d, opt)
 		case "db":
-			s.DB, err = countArg(d, opt)
+			s.DB, err = cfarg.Count(d, opt)
 		case "pool_size":
-			s.PoolSize, err = countArg(d, opt)
+			s.PoolSize, err = cfarg.Count(d, opt)
 		case "tls":
 			if d.NextArg() {
 				return d.Errf("%s: unexpected argument '%s'", opt, d.Val())
 			}
 			s.TLS = true
 		case "dial_timeout":
-			s.DialTimeout, err = durationArg(d, opt)
+			s.DialTimeout, err = cfarg.Duration(d, opt, false)
 		case "read_timeout":
-			s.ReadTimeout, err = durationArg(d, opt)
+			s.ReadTimeout, err = cfarg.Duration(d, opt, false)
 		case "write_timeout":
-			s.WriteTimeout, err = durationArg(d, opt)
+			s.WriteTimeout, err = cfarg.Duration(d, opt, false)
 		default:
 			return d.Errf("unrecognized subdirective '%s'", opt)
 		}
@@ -470,41 +470,6 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		}
 	}
 	return nil
-}
-
-func oneArg(d *caddyfile.Dispenser, opt string) (string, error) {
-	if !d.NextArg() {
-		return "", d.Errf("%s: expected a value", opt)
-	}
-	v := d.Val()
-	if d.NextArg() {
-		return "", d.Errf("%s: unexpected extra argument '%s'", opt, d.Val())
-	}
-	return v, nil
-}
-
-func countArg(d *caddyfile.Dispenser, opt string) (int, error) {
-	v, err := oneArg(d, opt)
-	if err != nil {
-		return 0, err
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n < 0 {
-		return 0, d.Errf("%s: '%s' is not a non-negative integer", opt, v)
-	}
-	return n, nil
-}
-
-func durationArg(d *caddyfile.Dispenser, opt string) (caddy.Duration, error) {
-	v, err := oneArg(d, opt)
-	if err != nil {
-		return 0, err
-	}
-	dur, err := caddy.ParseDuration(v)
-	if err != nil || dur < 0 {
-		return 0, d.Errf("%s: '%s' is not a non-negative duration", opt, v)
-	}
-	return caddy.Duration(dur), nil
 }
 
 // Interface guards

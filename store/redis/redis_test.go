@@ -371,8 +371,8 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 		{"redis {\n password\n}", "password: expected a value"},
 		{"redis {\n username a b\n}", "username: unexpected extra argument 'b'"},
 		{"redis {\n tls yes\n}", "tls: unexpected argument 'yes'"},
-		{"redis {\n dial_timeout soon\n}", "dial_timeout: 'soon'"},
-		{"redis {\n read_timeout -1s\n}", "read_timeout: '-1s'"},
+		{"redis {\n dial_timeout soon\n}", "dial_timeout: invalid duration 'soon'"},
+		{"redis {\n read_timeout -1s\n}", "read_timeout: invalid duration '-1s'"},
 		{"redis {\n write_timeout\n}", "write_timeout"},
 		{"redis {\n key_prefix a\n key_prefix b\n}", "duplicate subdirective 'key_prefix'"},
 	} {
