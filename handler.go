@@ -222,44 +222,72 @@ func (h *Handler) storeFailed(w http.ResponseWriter, r *http.Request, repl *cadd
 	return h.problems.storeUnavailable.answer(w, r, repl)
 }
 
-// withdrawals bounds the background releases in flight, so that a long
-// outage under load cannot pile up goroutines.
-var withdrawals = make(chan struct{}, 64)
+// background bounds the store calls retried after their request has
+// ended, so that a long outage under load cannot pile up goroutines; past
+// the bound, leases expire claims as they always would.
+var background = make(chan struct{}, 64)
 
-// withdraw releases, in the background, a claim whose Acquire failed. A
-// timed-out claim may still land once the store recovers (the command was
-// only delayed); left alone, it would answer the client's retry with 409
-// for a whole lease although nothing runs. Commands on other connections
-// are not ordered with the delayed one, so the release is repeated, with a
-// backoff, until the store has answered twice (the second answer comes
-// after the backlog that held the claim), the claim was removed, or the
-// lease has passed anyway. The token is unique to this request, so a
-// release can only ever remove this claim.
-func (h *Handler) withdraw(key store.Key, tok store.Token) {
+// retryLater calls op in the background, with a backoff from 100ms to 2s,
+// until settled says its answer settles the matter or the claim's lease
+// (which bounds what op can still change) has passed.
+func (h *Handler) retryLater(op func(context.Context) error, settled func(error) bool) {
 	select {
-	case withdrawals <- struct{}{}:
+	case background <- struct{}{}:
 	default:
-		return // the lease will expire the claim anyway
+		return
 	}
+	deadline := time.Now().Add(time.Duration(h.LockTimeout))
 	go func() {
-		defer func() { <-withdrawals }()
-		deadline := time.Now().Add(time.Duration(h.LockTimeout))
-		answered := 0
+		defer func() { <-background }()
 		for pause := 100 * time.Millisecond; time.Now().Before(deadline); pause = min(2*pause, 2*time.Second) {
-			ctx, cancel := context.WithTimeout(context.Background(), storeOpTimeout)
-			err := h.store.Release(ctx, key, tok)
+			ctx, cancel := context.WithDeadline(context.Background(), deadline)
+			err := op(ctx)
 			cancel()
-			if err == nil {
+			if settled(err) {
 				return
-			}
-			if errors.Is(err, store.ErrNotOwner) {
-				if answered++; answered == 2 {
-					return
-				}
 			}
 			time.Sleep(pause)
 		}
 	}()
+}
+
+// withdraw releases a claim whose Acquire or Release failed. A timed-out
+// claim may still land once the store recovers (the command was only
+// delayed); left alone, it would answer the client's retry with 409 for a
+// whole lease although nothing runs. Commands on other connections are not
+// ordered with the delayed one, so the release is repeated until the store
+// has answered twice (the second answer comes after the backlog that held
+// the claim) or the claim was removed. The token is unique to this
+// request, so a release can only ever remove this claim.
+func (h *Handler) withdraw(key store.Key, tok store.Token) {
+	answered := 0
+	h.retryLater(func(ctx context.Context) error { return h.store.Release(ctx, key, tok) },
+		func(err error) bool {
+			if errors.Is(err, store.ErrNotOwner) {
+				answered++
+			}
+			return err == nil || answered == 2
+		})
+}
+
+// completeLater keeps trying to store a response the store refused while
+// it was unavailable: until the lease passes, the claim is still this
+// request's, and storing it spares the retry a second execution.
+func (h *Handler) completeLater(key store.Key, tok store.Token, rec *store.Record) {
+	kept := &store.Record{Status: rec.Status, Header: rec.Header.Clone(), Body: bytes.Clone(rec.Body), Truncated: rec.Truncated}
+	h.retryLater(func(ctx context.Context) error { return h.store.Complete(ctx, key, tok, kept, time.Duration(h.TTL)) },
+		func(err error) bool {
+			switch {
+			case err == nil:
+				h.logger.Info("stored the response after the store recovered", zap.String("key_hash", key.String()))
+			case errors.Is(err, store.ErrNotOwner):
+				h.logger.Error("the store recovered too late: the lease passed before the response could be stored; a retry runs the request again",
+					zap.String("key_hash", key.String()))
+			default:
+				return false
+			}
+			return true
+		})
 }
 
 // execute runs the request as the owner of the key's claim and stores what
@@ -354,16 +382,18 @@ func (h *Handler) finish(key store.Key, c *store.Claim, rw *recorder, handlerErr
 		h.logger.Error("claim was lost before the response could be stored: the lease passed and another request took the key over (raise lock_timeout), or an operator purged it",
 			zap.String("key_hash", key.String()))
 	case err != nil:
-		h.logger.Error("storing the response failed; a retry after the lease passes will run the request again",
+		h.logger.Warn("storing the response failed; retrying until the lease passes",
 			zap.String("key_hash", key.String()), zap.Error(err))
+		h.completeLater(key, c.Token, rec)
 	}
 }
 
 func (h *Handler) release(ctx context.Context, key store.Key, tok store.Token, why string) {
 	err := h.store.Release(ctx, key, tok)
 	if err != nil && !errors.Is(err, store.ErrNotOwner) {
-		h.logger.Error("releasing the claim failed; retries get 409 until the lease passes",
+		h.logger.Warn("releasing the claim failed; retrying until the lease passes",
 			zap.String("key_hash", key.String()), zap.String("reason", why), zap.Error(err))
+		h.withdraw(key, tok)
 	}
 }
 

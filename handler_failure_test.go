@@ -15,6 +15,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/caddy-idempotency/caddy-idempotency/internal/faultproxy"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/testredis"
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 	"github.com/caddy-idempotency/caddy-idempotency/store/storetest"
@@ -280,5 +281,37 @@ func TestStoreOutage(t *testing.T) {
 	wantStatus(t, do(closed, b, post("/p", "after", "x")), 201)
 	if got := do(closed, b, post("/p", "after", "x")); got.Header().Get("Idempotent-Replayed") != "true" {
 		t.Fatal("no replay after recovery")
+	}
+}
+
+// The store is unreachable at the moment the response is to be stored, and
+// back within the lease: the response is stored in the background, and
+// the retry is a replay instead of a second execution.
+func TestResponseStoredOnceTheStoreRecovers(t *testing.T) {
+	srv := testredis.Start(t)
+	proxy := faultproxy.Start(t, srv.Addr())
+	h := provision(t, json.RawMessage(`{"module":"redis","addresses":["`+proxy.Addr()+`"],"read_timeout":"200ms","dial_timeout":"200ms","write_timeout":"200ms"}`),
+		func(h *Handler) { h.LockTimeout = caddy.Duration(5 * time.Second) })
+	b := &backend{serve: func(w http.ResponseWriter, r *http.Request) error {
+		proxy.Blackhole(true) // the store goes away while the upstream works
+		proxy.Cut()
+		w.WriteHeader(201)
+		w.Write([]byte("paid"))
+		return nil
+	}}
+	wantStatus(t, do(h, b, post("/pay", "k", "x")), 201)
+	time.Sleep(500 * time.Millisecond)
+	proxy.Blackhole(false)
+	b.serve = nil
+	var r result
+	waitFor(t, func() bool {
+		r = do(h, b, post("/pay", "k", "x"))
+		return r.Code != 409 && r.Code != 503
+	})
+	if r.Code != 201 || r.Body.String() != "paid" || r.Header().Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("retry after the store recovered got %d %q %v, want the stored response", r.Code, r.Body, r.Header())
+	}
+	if n := b.runs.Load(); n != 1 {
+		t.Fatalf("backend ran %d times, want 1", n)
 	}
 }
