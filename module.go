@@ -72,7 +72,8 @@ type Handler struct {
 
 	// LockTimeout is the lease of an in-flight claim: while the request
 	// runs it is renewed every third of this; if its owner dies, a retry
-	// takes the key over once the lease has passed. Default: 30s.
+	// takes the key over once the lease has passed. At least 1s.
+	// Default: 30s.
 	LockTimeout caddy.Duration `json:"lock_timeout,omitempty"`
 
 	// MaxRequestBody is the largest request body, in bytes, that is
@@ -81,7 +82,8 @@ type Handler struct {
 
 	// MaxResponseBody is the largest response body, in bytes, that is
 	// stored. Larger responses stream to the client in full, and retries of
-	// their key get a 409 problem instead of a replay. Default: 1048576.
+	// their key get a 409 problem instead of a replay. Default: 1048576
+	// (1 MiB).
 	MaxResponseBody int64 `json:"max_response_body,omitempty"`
 
 	// OnStoreError is what happens when the store cannot be reached:
@@ -96,7 +98,8 @@ type Handler struct {
 	// Default: reject.
 	OnConflict string `json:"on_conflict,omitempty"`
 
-	// MaxWait bounds how long a duplicate waits with on_conflict wait.
+	// MaxWait bounds how long a duplicate waits with on_conflict wait; it
+	// must then be positive.
 	MaxWait caddy.Duration `json:"max_wait,omitempty"`
 
 	// ReplayHeader is the response header set to "true" on replays.

@@ -40,10 +40,9 @@ func deleteQuery(table string) string {
 	return fmt.Sprintf(`DELETE FROM %s WHERE key = $1 RETURNING expires_at > now()`, table)
 }
 
-// inFlightQuery reads no body or headers. It scans the live rows: in-flight
-// claims are a handful among the completed records, and no index of the
-// table's DDL serves "in progress since"; a partial index
-// ON (created_at) WHERE state = 'in_progress' would, for very large tables.
+// inFlightQuery reads no body or headers. The DDL's partial index on
+// created_at WHERE state = 'in_progress' serves it (tables created before
+// that index existed scan their live rows instead).
 func inFlightQuery(table string) string {
 	return fmt.Sprintf(`SELECT key, endpoint, created_at, expires_at FROM %s
 WHERE state = 'in_progress' AND expires_at > now() AND created_at <= now() - $1::bigint * interval '1 microsecond'

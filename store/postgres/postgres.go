@@ -65,7 +65,7 @@ type Store struct {
 	// number of CPUs.
 	MaxConns int `json:"max_conns,omitempty"`
 
-	// CreateTable creates the table and its index when they are missing,
+	// CreateTable creates the table and its indexes when they are missing,
 	// at the first use of the database. Turn it off when migrations manage
 	// the schema; DDL prints the statements to run. Default: true.
 	CreateTable *bool `json:"create_table,omitempty"`
@@ -209,7 +209,7 @@ func redactDSN(dsn string) string {
 	return u.Redacted()
 }
 
-// DDL returns the statements that create the table and its index, for the
+// DDL returns the statements that create the table and its indexes, for the
 // given schema (empty for the search_path's) and table. The store runs them
 // itself unless create_table is off; they are safe to run again.
 func DDL(schema, table string) string {
