@@ -95,6 +95,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return h.answerFromRecord(w, r, repl, rec, claim)
 	}
 	h.setResult(repl, resultNew)
+	h.claimed(key, claim)
 	return h.execute(w, r, next, key, claim)
 }
 
@@ -103,6 +104,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 func (h *Handler) setResult(repl *caddy.Replacer, result string) {
 	repl.Set("http.idempotency.result", result)
 	h.metrics.result(result)
+}
+
+// claimed notes a claim that took over a dead owner's: its request may
+// have run, or be running, on the instance that died.
+func (h *Handler) claimed(key store.Key, c *store.Claim) {
+	if c.TookOver {
+		h.metrics.tookOver()
+		h.logger.Info("took over the claim of a request whose lease passed; running it again",
+			zap.String("key_hash", key.String()))
+	}
 }
 
 func (h *Handler) covers(method string) bool {

@@ -21,6 +21,7 @@ var collectors struct {
 	storeOps  *prometheus.HistogramVec
 	inFlight  prometheus.Gauge
 	renewals  prometheus.Counter
+	takeovers prometheus.Counter
 	waiting   prometheus.Gauge
 	storeErrs *prometheus.CounterVec
 }
@@ -48,6 +49,10 @@ func initCollectors() {
 		Namespace: ns, Subsystem: sub, Name: "lease_renewals_total",
 		Help: "Lease renewals of claims held by long-running requests.",
 	})
+	collectors.takeovers = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "lease_takeovers_total",
+		Help: "Claims that took over a dead owner's claim after its lease passed (memory, file and postgres stores; Redis expires such claims by itself and cannot tell).",
+	})
 	collectors.waiting = prometheus.NewGauge(prometheus.GaugeOpts{
 		Namespace: ns, Subsystem: sub, Name: "waiting_duplicates",
 		Help: "Duplicates waiting for the first request with their key (on_conflict wait).",
@@ -63,7 +68,7 @@ type metrics struct {
 func newMetrics(reg *prometheus.Registry) (*metrics, error) {
 	collectors.once.Do(initCollectors)
 	for _, c := range []prometheus.Collector{collectors.requests, collectors.storeOps, collectors.storeErrs,
-		collectors.inFlight, collectors.renewals, collectors.waiting} {
+		collectors.inFlight, collectors.renewals, collectors.takeovers, collectors.waiting} {
 		if err := reg.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
 			return nil, err
 		}
@@ -95,6 +100,12 @@ func (m *metrics) claimHeld(delta float64) {
 func (m *metrics) renewed() {
 	if m != nil {
 		collectors.renewals.Inc()
+	}
+}
+
+func (m *metrics) tookOver() {
+	if m != nil {
+		collectors.takeovers.Inc()
 	}
 }
 

@@ -1,10 +1,17 @@
 package idempotency
 
 import (
+	"context"
 	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/caddy-idempotency/caddy-idempotency/store"
+	"github.com/caddy-idempotency/caddy-idempotency/store/storetest"
 )
 
 func count(result string) float64 {
@@ -86,5 +93,24 @@ func TestDisableMetrics(t *testing.T) {
 	wantStatus(t, do(h, &backend{}, post("/m", "k", "x")), 201)
 	if count("new") != before {
 		t.Fatal("a handler with disable_metrics counted a request")
+	}
+}
+
+func TestMetricsCountTakeovers(t *testing.T) {
+	h := provision(t, storeConfigs[0].raw(t), func(h *Handler) { h.LockTimeout = caddy.Duration(time.Second) })
+	req := post("/m", "dead", "x")
+	dead := &store.Claim{Token: storetest.NewToken(), Endpoint: endpoint(req), Lease: 50 * time.Millisecond}
+	if rec, err := h.store.Acquire(context.Background(), store.NewKey("", "dead"), dead); rec != nil || err != nil {
+		t.Fatalf("dead owner's claim: %v %v", rec, err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	before := testutil.ToFloat64(collectors.takeovers)
+	wantStatus(t, do(h, &backend{}, req), 201)
+	if got := testutil.ToFloat64(collectors.takeovers) - before; got != 1 {
+		t.Fatalf("lease_takeovers_total grew by %v, want 1", got)
+	}
+	wantStatus(t, do(h, &backend{}, post("/m", "fresh", "x")), 201)
+	if got := testutil.ToFloat64(collectors.takeovers) - before; got != 1 {
+		t.Fatalf("a fresh key counted as a takeover")
 	}
 }

@@ -96,6 +96,11 @@ type Claim struct {
 	// Lease is how long the claim holds without renewal: if its owner
 	// dies, another request may take the key over once it has passed.
 	Lease time.Duration
+
+	// TookOver is set by Acquire when the claim replaced an in-progress
+	// claim whose lease had passed (its owner died or stalled). Stores that
+	// cannot tell (Redis expires claims by itself) leave it false.
+	TookOver bool
 }
 
 // Store is an idempotency backend. Every method is safe for concurrent use,

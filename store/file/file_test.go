@@ -47,6 +47,7 @@ func claim(lease time.Duration) *store.Claim {
 
 func TestContract(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) store.Store { return provision(t, &Store{Path: t.TempDir()}) })
+	storetest.RunTakeover(t, func(t *testing.T) store.Store { return provision(t, &Store{Path: t.TempDir()}) })
 }
 
 func TestUnavailableOnceClosed(t *testing.T) {

@@ -45,6 +45,12 @@ func appendValue(dst []byte, expires time.Time, rec *store.Record) []byte {
 	return store.AppendRecord(dst, rec)
 }
 
+// deadClaim reports whether v is an in-progress claim whose lease has
+// passed: its owner died or stalled, and claiming the key takes it over.
+func deadClaim(v []byte, t time.Time) bool {
+	return len(v) >= ownerEnd && !live(v, t) && v[expiryLen+1] == byte(store.InProgress)
+}
+
 // liveRecord returns the live record of key, copied out of the
 // transaction's memory, or nil.
 func liveRecord(b *bolt.Bucket, key store.Key, t time.Time) (*store.Record, error) {
@@ -64,6 +70,7 @@ func liveRecord(b *bolt.Bucket, key store.Key, t time.Time) (*store.Record, erro
 // writer lock or syncing the file; only a claim writes, and it checks again
 // under the lock.
 func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (*store.Record, error) {
+	c.TookOver = false
 	if err := ctx.Err(); err != nil {
 		return nil, unavailable("acquiring", err)
 	}
@@ -79,6 +86,7 @@ func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (*st
 	if rec != nil {
 		return rec, nil
 	}
+	var tookOver bool
 	err = s.db.Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(records)
 		t := now()
@@ -86,6 +94,7 @@ func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (*st
 		if rec, err = liveRecord(b, key, t); err != nil || rec != nil {
 			return err
 		}
+		tookOver = deadClaim(b.Get(key[:]), t)
 		return b.Put(key[:], appendValue(make([]byte, 0, 128), t.Add(c.Lease), &store.Record{
 			State:       store.InProgress,
 			Token:       c.Token,
@@ -97,6 +106,7 @@ func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (*st
 	if err != nil {
 		return nil, unavailable("acquiring", err)
 	}
+	c.TookOver = rec == nil && tookOver
 	return rec, nil
 }
 

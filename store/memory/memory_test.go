@@ -30,6 +30,7 @@ func open(t *testing.T, m *Memory) *Memory {
 
 func TestContract(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) store.Store { return open(t, &Memory{}) })
+	storetest.RunTakeover(t, func(t *testing.T) store.Store { return open(t, &Memory{}) })
 }
 
 func TestSharedAcrossReloads(t *testing.T) {

@@ -116,6 +116,11 @@ func (t *table) acquire(k store.Key, c *store.Claim) (*store.Record, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	n := now()
+	c.TookOver = false
+	// An expired claim still here (the sweeper has not dropped it yet) is a
+	// dead owner's: claiming the key now takes it over.
+	old := t.entries[k]
+	dead := old != nil && !n.Before(old.expires) && old.rec.State == store.InProgress
 	if e := t.live(k, n); e != nil {
 		rec := e.rec // the caller gets a copy; Header and Body are never mutated
 		return &rec, nil
@@ -138,6 +143,7 @@ func (t *table) acquire(k store.Key, c *store.Claim) (*store.Record, error) {
 	}
 	t.entries[k] = e
 	t.bytes += size
+	c.TookOver = dead
 	return nil, nil
 }
 

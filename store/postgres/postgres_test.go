@@ -94,9 +94,9 @@ func claim(lease time.Duration) *store.Claim {
 }
 
 func TestContract(t *testing.T) {
-	storetest.Run(t, func(t *testing.T) store.Store {
-		return provision(t, &Store{DSN: shared.DSN(), Table: newTable()})
-	})
+	open := func(t *testing.T) store.Store { return provision(t, &Store{DSN: shared.DSN(), Table: newTable()}) }
+	storetest.Run(t, open)
+	storetest.RunTakeover(t, open)
 }
 
 // Caddy must start while PostgreSQL is down, every call must fail fast with

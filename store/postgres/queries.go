@@ -35,9 +35,20 @@ func newQueries(table string) queries {
 		// Both CTEs see the snapshot of the statement's start, so when a
 		// concurrent claim commits after it, claimed conflicts but live is
 		// empty: the statement returns no row and Acquire runs it again.
+		//
+		// dead is the key's expired row in the same snapshot, if any: a
+		// claim that wins replaced it, and took over a dead owner's lease
+		// if it was in progress. It is read from the snapshot, like live,
+		// not from the row version that ON CONFLICT locks. The two differ
+		// only if the row changed in between: the reaper deleted it, or a
+		// row committed meanwhile had already expired when the statement
+		// began. The flag then follows the snapshot; the claim itself is
+		// as atomic as ever.
 		acquire: fmt.Sprintf(`WITH live AS (
 	SELECT state, token, endpoint, fingerprint, status, headers, body, truncated, created_at
 	FROM %[1]s WHERE key = $1 AND expires_at > now()
+), dead AS (
+	SELECT state FROM %[1]s WHERE key = $1 AND expires_at <= now()
 ), claimed AS (
 	INSERT INTO %[1]s AS r (key, state, token, endpoint, fingerprint, created_at, expires_at)
 	SELECT $1, 'in_progress', $2::bytea, $3::text, $4::bytea, now(), now() + $5::bigint * interval '1 microsecond'
@@ -49,9 +60,10 @@ func newQueries(table string) queries {
 	WHERE r.expires_at <= now()
 	RETURNING 1
 )
-SELECT true, '', ''::bytea, '', ''::bytea, 0, NULL::jsonb, NULL::bytea, false, now() FROM claimed
+SELECT true, EXISTS (SELECT FROM dead WHERE state = 'in_progress'),
+	'', ''::bytea, '', ''::bytea, 0, NULL::jsonb, NULL::bytea, false, now() FROM claimed
 UNION ALL
-SELECT false, * FROM live`, table),
+SELECT false, false, * FROM live`, table),
 
 		complete: fmt.Sprintf(`UPDATE %s SET state = 'completed', status = $3, headers = $4, body = $5,
 	truncated = $6, expires_at = now() + $7::bigint * interval '1 microsecond'
@@ -81,9 +93,10 @@ func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (*st
 	if err := s.db.ensure(ctx); err != nil {
 		return nil, err
 	}
+	c.TookOver = false
 	for range acquireAttempts {
 		var (
-			won                               bool
+			won, tookOver                     bool
 			state, endpoint                   string
 			token, fingerprint, headers, body []byte
 			status                            int32
@@ -91,7 +104,7 @@ func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (*st
 			created                           time.Time
 		)
 		err := s.db.pool.QueryRow(ctx, s.db.q.acquire, key[:], c.Token[:], c.Endpoint, c.Fingerprint[:], micros(c.Lease)).
-			Scan(&won, &state, &token, &endpoint, &fingerprint, &status, &headers, &body, &truncated, &created)
+			Scan(&won, &tookOver, &state, &token, &endpoint, &fingerprint, &status, &headers, &body, &truncated, &created)
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue
 		}
@@ -99,6 +112,7 @@ func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (*st
 			return nil, s.unavailable("acquiring", err)
 		}
 		if won {
+			c.TookOver = tookOver
 			return nil, nil
 		}
 		rec := &store.Record{

@@ -290,6 +290,11 @@ var now = time.Now
 func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (*store.Record, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.callTimeout)
 	defer cancel()
+	// c.TookOver stays false: a claim's key carries its lease as a TTL, so
+	// Redis deletes a dead owner's claim by itself when the lease passes,
+	// and SET NX then finds no key at all. Whether one was ever there, and
+	// in progress, cannot be told.
+	c.TookOver = false
 	val := store.AppendClaim(make([]byte, 0, 128), c, now())
 	cmd := goredis.NewStringCmd(ctx, "set", s.key(key), val, "nx", "px", millis(c.Lease), "get")
 	_ = s.client.Process(ctx, cmd)
