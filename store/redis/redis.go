@@ -281,6 +281,16 @@ if redis.call('GETRANGE', KEYS[1], 0, 17) ~= ARGV[1] then return 0 end
 return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 `)
 
+// bound gives ctx the store's call deadline, unless it already has one as
+// near (as the handler's calls after a response do): a deadline costs a
+// timer and a context on every call.
+func (s *Store) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	if d, ok := ctx.Deadline(); ok && time.Until(d) <= s.callTimeout {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, s.callTimeout)
+}
+
 // now is replaced by tests.
 var now = time.Now
 
@@ -288,7 +298,7 @@ var now = time.Now
 // claim or returns the live record, which Redis expires by itself when the
 // lease or the TTL passes.
 func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (*store.Record, error) {
-	ctx, cancel := context.WithTimeout(ctx, s.callTimeout)
+	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	// c.TookOver stays false: a claim's key carries its lease as a TTL, so
 	// Redis deletes a dead owner's claim by itself when the lease passes,
@@ -319,7 +329,7 @@ func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (*st
 
 // Complete stores rec in place of the claim held by token, for ttl.
 func (s *Store) Complete(ctx context.Context, key store.Key, token store.Token, rec *store.Record, ttl time.Duration) error {
-	ctx, cancel := context.WithTimeout(ctx, s.callTimeout)
+	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	val := store.AppendRecord(make([]byte, 0, 128+len(rec.Body)), &store.Record{
 		State:     store.Completed,
@@ -335,14 +345,14 @@ func (s *Store) Complete(ctx context.Context, key store.Key, token store.Token, 
 
 // Release deletes the claim held by token.
 func (s *Store) Release(ctx context.Context, key store.Key, token store.Token) error {
-	ctx, cancel := context.WithTimeout(ctx, s.callTimeout)
+	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	return s.owned(releaseScript.Run(ctx, s.client, []string{s.key(key)}, owner(token)), "releasing")
 }
 
 // Renew sets the lease of the claim held by token to lease from now.
 func (s *Store) Renew(ctx context.Context, key store.Key, token store.Token, lease time.Duration) error {
-	ctx, cancel := context.WithTimeout(ctx, s.callTimeout)
+	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	return s.owned(renewScript.Run(ctx, s.client, []string{s.key(key)}, owner(token), millis(lease)), "renewing")
 }
