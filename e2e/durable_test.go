@@ -170,3 +170,62 @@ func crashedOwnerTakeover(t *testing.T, u *upstream, key string, mk func() *http
 	wantCount(t, "upstream starts after the replay", u.starts(key), 2)
 	return res, sentAt, conflicts
 }
+
+// ownerKilledTakeover runs the crash story on two Caddys sharing the store
+// that storeOptions configures: A owns a claim while the upstream runs,
+// keeps it past one lease by renewing, and is SIGKILLed; B refuses retries
+// until the lease passes, then runs the request again (the documented
+// price of a crash during the upstream call), then replays. The takeover
+// must come within slack after the lease. It returns the time from the
+// kill to the successful takeover.
+func ownerKilledTakeover(t *testing.T, storeOptions string, slack time.Duration) time.Duration {
+	t.Helper()
+	const lease = 2 * time.Second
+	u := startUpstream(t)
+	site := proxySite(u, storeOptions+"\nlock_timeout 2s")
+	a := startCaddy(t, "A", site)
+	b := startCaddy(t, "B", site)
+	cl := newClient(t)
+	const key = "crash-1"
+	body := []byte(`{"amount":99}`)
+	mk := func(c *caddyProc) *http.Request {
+		// The first run takes 20s (A dies during it); the takeover is fast.
+		return req(http.MethodPost, c.URL+"/payments", key, body, hdrDelay, "20s,0", "Host", "api.test")
+	}
+	errc := make(chan error, 1)
+	go func() {
+		_, err := do(cl, mk(a))
+		errc <- err
+	}()
+	select {
+	case <-u.startedCh(key):
+	case <-time.After(15 * time.Second):
+		t.Fatal("the request to A did not reach the upstream")
+	}
+	// A renews its claim while the upstream runs: past one lease, B must
+	// still refuse.
+	time.Sleep(lease + 500*time.Millisecond)
+	wantProblem(t, "B while A runs the request, past one lease", send(t, cl, mk(b)), http.StatusConflict, "outstanding", true)
+	wantCount(t, "upstream starts while A runs", u.starts(key), 1)
+
+	a.Kill()
+	killed := time.Now()
+	select {
+	case err := <-errc:
+		if err == nil {
+			t.Fatal("A's client got an answer although A was killed")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("A's client did not notice that A died")
+	}
+	_, sentAt, conflicts := crashedOwnerTakeover(t, u, key, func() *http.Request { return mk(b) }, lease, killed)
+	took := sentAt.Sub(killed)
+	t.Logf("kill-to-takeover: %v (lock_timeout %v; %d x 409 from B after the kill)", took.Round(time.Millisecond), lease, conflicts)
+	// The lease ends at most one lease after A's last renewal, which came
+	// before the kill; the slack covers a loaded machine.
+	if took > lease+slack {
+		t.Fatalf("takeover took %v: far more than the %v lease after the last renewal", took, lease)
+	}
+	b.wantAlive("after the takeover")
+	return took
+}
