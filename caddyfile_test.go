@@ -2,11 +2,14 @@ package idempotency
 
 import (
 	"context"
+	"encoding/json"
+	"os"
 
 	"github.com/caddyserver/caddy/v2"
 	"strings"
 	"testing"
 
+	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddytest"
 )
@@ -326,5 +329,27 @@ func TestAdaptEveryStore(t *testing.T) {
 	}
 }`)
 		})
+	}
+}
+
+// The example a newcomer runs must stay valid: adapted and provisioned.
+func TestExampleCaddyfileIsValid(t *testing.T) {
+	body, err := os.ReadFile("Caddyfile.example")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfgJSON, warnings, err := caddyconfig.GetAdapter("caddyfile").Adapt(body, map[string]any{"filename": "Caddyfile.example"})
+	if err != nil {
+		t.Fatalf("adapting Caddyfile.example: %v", err)
+	}
+	for _, w := range warnings {
+		t.Errorf("Caddyfile.example: %s", w)
+	}
+	var cfg caddy.Config
+	if err := json.Unmarshal(cfgJSON, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := caddy.Validate(&cfg); err != nil {
+		t.Fatalf("Caddyfile.example does not provision: %v", err)
 	}
 }
