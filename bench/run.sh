@@ -17,8 +17,12 @@
 #   ROUNDS=3           * rounds per case; every route runs once per round
 #   CONCURRENCY="1 16 64 256" *
 #   MODES="new replay mix"   new key every request; replay of one key; 50/50
-#   ROUTES=""          default: proxy baseline memory redis, plus postgres and
-#                      file when those stores are in the build
+#   ROUTES=""          default: proxy baseline baseline_cas memory redis, plus
+#                      postgres and file when those stores are in the build.
+#                      baseline_cas is the baseline with owner_check: its
+#                      completion is a minimal owner-checked Lua script, the
+#                      fair floor for the redis store (baseline's plain SET
+#                      checks no ownership)
 #   POSTGRES=1         0 skips the postgres route
 #   FILESTORE=1        0 skips the file route
 #   MEM=1              memory test: MEM_N concurrent 1 MiB responses through
@@ -249,7 +253,7 @@ start_postgres() {
 }
 
 if [ -z "$ROUTES" ]; then
-	ROUTES="proxy baseline memory redis"
+	ROUTES="proxy baseline baseline_cas memory redis"
 	if have_module postgres; then
 		if [ "$POSTGRES" = 1 ]; then
 			start_postgres && ROUTES="$ROUTES postgres" || true
@@ -279,6 +283,7 @@ route_block() { # name
 	case $1 in
 	proxy) printf '\troute /proxy/* {\n\t\treverse_proxy %s\n\t}\n' "$upstream" ;;
 	baseline) printf '\troute /baseline/* {\n\t\tidem_baseline {\n\t\t\taddress %s\n\t\t\tttl 10m\n\t\t}\n\t\treverse_proxy %s\n\t}\n' "$redis_addr" "$upstream" ;;
+	baseline_cas) printf '\troute /baseline_cas/* {\n\t\tidem_baseline {\n\t\t\taddress %s\n\t\t\tkey_prefix idem_baseline_cas:\n\t\t\tttl 10m\n\t\t\towner_check\n\t\t}\n\t\treverse_proxy %s\n\t}\n' "$redis_addr" "$upstream" ;;
 	memory) printf '\troute /memory/* {\n\t\tidempotency {\n\t\t\tttl 10m\n\t\t\tstore memory\n\t\t}\n\t\treverse_proxy %s\n\t}\n' "$upstream" ;;
 	redis) printf '\troute /redis/* {\n\t\tidempotency {\n\t\t\tttl 10m\n\t\t\tstore redis {\n\t\t\t\taddress %s\n\t\t\t}\n\t\t}\n\t\treverse_proxy %s\n\t}\n' "$redis_addr" "$upstream" ;;
 	postgres) printf '\troute /postgres/* {\n\t\tidempotency {\n\t\t\tttl 10m\n\t\t\tstore postgres {\n\t\t\t\tdsn "%s"\n\t\t\t}\n\t\t}\n\t\treverse_proxy %s\n\t}\n' "$pg_dsn" "$upstream" ;;
@@ -412,7 +417,7 @@ fi
 
 # ------------------------------------------------------------------ report
 elapsed=$(($(date +%s) - started))
-settings="$label run, ${DURATION} measured (+${WARMUP} warm-up) per run, ${ROUNDS} round(s), concurrency ${CONCURRENCY}, modes ${MODES}; idempotency and baseline with ttl 10m, other options default; Redis FLUSHALL before each case; ${elapsed}s wall time before the report"
+settings="$label run, ${DURATION} measured (+${WARMUP} warm-up) per run, ${ROUNDS} round(s), concurrency ${CONCURRENCY}, modes ${MODES}; idempotency, baseline and baseline_cas with ttl 10m, other options default; Redis FLUSHALL before each case; ${elapsed}s wall time before the report"
 prof_arg=()
 [ -n "$profiles" ] && prof_arg=(-profiles "$profiles")
 OUT_MD=$(realpath -m "$OUT_MD")

@@ -8,10 +8,19 @@
 //
 // Record layout: 2 bytes status, 1 byte Content-Type length, the
 // Content-Type, the body. The claim placeholder is the single byte "-".
+//
+// With owner_check the handler does the least a correct Redis handler must
+// do to complete only a claim it still owns: the claim is a random 16-byte
+// token, and completion is a minimal Lua script that compares the first 16
+// bytes of the key with that token (GETRANGE) before it SETs the record.
+// Stored records then start with the token, which replays strip. This is
+// the fair floor for the product's Redis store, whose completion is also an
+// owner-checked script; the default mode (a plain SET) checks nothing.
 package baseline
 
 import (
 	"bytes"
+	"crypto/rand"
 	"errors"
 	"net/http"
 	"strconv"
@@ -43,6 +52,10 @@ type Handler struct {
 	TTL caddy.Duration `json:"ttl,omitempty"`
 	// Lease of the claim placeholder. Default 30s.
 	Lease caddy.Duration `json:"lease,omitempty"`
+	// OwnerCheck makes the claim a random 16-byte token and completion a
+	// Lua script that stores the record only if the key still starts with
+	// that token (see the package comment).
+	OwnerCheck bool `json:"owner_check,omitempty"`
 
 	client  *goredis.Client
 	ttlMs   int64
@@ -87,6 +100,15 @@ func (h *Handler) Cleanup() error {
 
 var placeholder = []byte("-")
 
+// tokenLen is the size of the owner token in owner_check mode: the claim
+// is exactly the token, and every stored record starts with it.
+const tokenLen = 16
+
+// completeScript is the minimal owner-checked completion: ARGV[1] the
+// token, ARGV[2] the record (which starts with the token), ARGV[3] the TTL
+// in milliseconds. go-redis runs it with EVALSHA, falling back to EVAL.
+var completeScript = goredis.NewScript(`if redis.call('GETRANGE', KEYS[1], 0, 15) == ARGV[1] then redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3]) return 1 end return 0`)
+
 // ServeHTTP claims or reads the key with one SET NX GET, replays a stored
 // response, or runs next and stores its response with one SET.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
@@ -96,7 +118,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	ctx := r.Context()
 	key := h.KeyPrefix + k
-	cmd := goredis.NewStringCmd(ctx, "set", key, placeholder, "nx", "px", h.leaseMs, "get")
+	claim, hdrLen := placeholder, 0
+	if h.OwnerCheck {
+		claim, hdrLen = make([]byte, tokenLen), tokenLen
+		_, _ = rand.Read(claim) // never fails (Go 1.24+)
+	}
+	cmd := goredis.NewStringCmd(ctx, "set", key, claim, "nx", "px", h.leaseMs, "get")
 	_ = h.client.Process(ctx, cmd)
 	old, err := cmd.Bytes()
 	switch {
@@ -104,11 +131,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		// claimed: run below
 	case err != nil:
 		return caddyhttp.Error(http.StatusServiceUnavailable, err)
-	case len(old) == 1:
+	case len(old) == len(claim):
+		// another request's claim ("-", or a bare token with owner_check)
 		w.WriteHeader(http.StatusConflict)
 		return nil
+	case len(old) < hdrLen:
+		return caddyhttp.Error(http.StatusInternalServerError, errors.New("corrupt baseline record"))
 	default:
-		return replay(w, old)
+		return replay(w, old[hdrLen:])
 	}
 
 	c := capturePool.Get().(*capture)
@@ -128,10 +158,23 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if len(ct) > 255 {
 		ct = ""
 	}
-	rec := make([]byte, 0, 3+len(ct)+c.buf.Len())
+	rec := make([]byte, 0, hdrLen+3+len(ct)+c.buf.Len())
+	if h.OwnerCheck {
+		rec = append(rec, claim...)
+	}
 	rec = append(rec, byte(c.status>>8), byte(c.status), byte(len(ct)))
 	rec = append(rec, ct...)
 	rec = append(rec, c.buf.Bytes()...)
+	if h.OwnerCheck {
+		n, err := completeScript.Run(ctx, h.client, []string{key}, claim, rec, h.ttlMs).Int64()
+		if err != nil {
+			return err
+		}
+		if n != 1 {
+			return errors.New("idem_baseline: claim lost before completion")
+		}
+		return nil
+	}
 	set := goredis.NewStatusCmd(ctx, "set", key, rec, "px", h.ttlMs)
 	_ = h.client.Process(ctx, set)
 	return set.Err()
@@ -192,11 +235,19 @@ func (c *capture) Unwrap() http.ResponseWriter { return c.ResponseWriter }
 //	    key_prefix <prefix>
 //	    ttl        <duration>
 //	    lease      <duration>
+//	    owner_check
 //	}
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next()
 	for d.NextBlock(0) {
 		opt := d.Val()
+		if opt == "owner_check" {
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			h.OwnerCheck = true
+			continue
+		}
 		if !d.NextArg() {
 			return d.ArgErr()
 		}
