@@ -4,6 +4,8 @@ import (
 	"strconv"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+
+	"github.com/caddy-idempotency/caddy-idempotency/internal/cfarg"
 )
 
 // UnmarshalCaddyfile sets up the store from Caddyfile tokens. Syntax:
@@ -36,12 +38,9 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			return d.Errf("unrecognized subdirective '%s'", opt)
 		}
 		// Every option takes exactly one value.
-		if !d.NextArg() {
-			return d.Errf("%s: expected a value", opt)
-		}
-		val := d.Val()
-		if d.NextArg() {
-			return d.Errf("%s: unexpected extra argument '%s'", opt, d.Val())
+		val, err := cfarg.One(d, opt)
+		if err != nil {
+			return err
 		}
 		switch opt {
 		case "dsn":
