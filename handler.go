@@ -86,8 +86,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	rec, err := h.store.Acquire(r.Context(), key, claim)
 	switch {
 	case err != nil:
-		h.withdraw(key, claim.Token)
-		return h.storeFailed(w, r, repl, next, key, err)
+		return h.acquireFailed(w, r, repl, next, key, claim.Token, err)
 	case rec != nil && rec.State == store.InProgress && h.MaxWait > 0 &&
 		rec.Endpoint == claim.Endpoint && rec.Fingerprint == claim.Fingerprint:
 		return h.wait(w, r, repl, next, key, claim)
@@ -221,7 +220,10 @@ func (h *Handler) answerFromRecord(w http.ResponseWriter, r *http.Request, repl 
 	return nil
 }
 
-func (h *Handler) storeFailed(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, next caddyhttp.Handler, key store.Key, err error) error {
+// acquireFailed answers a request whose claim the store could not take,
+// per on_store_error, and withdraws the claim in case it lands late.
+func (h *Handler) acquireFailed(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, next caddyhttp.Handler, key store.Key, tok store.Token, err error) error {
+	h.withdraw(key, tok)
 	h.setResult(repl, resultError)
 	if h.OnStoreError == failOpen {
 		h.logger.Warn("idempotency store unavailable; passing the request through unprotected (fail_open)",

@@ -95,8 +95,7 @@ func (h *Handler) wait(w http.ResponseWriter, r *http.Request, repl *caddy.Repla
 		rec, err := h.store.Acquire(r.Context(), key, c)
 		switch {
 		case err != nil:
-			h.withdraw(key, c.Token)
-			return h.storeFailed(w, r, repl, next, key, err)
+			return h.acquireFailed(w, r, repl, next, key, c.Token, err)
 		case rec == nil:
 			h.setResult(repl, resultNew)
 			h.claimed(key, c)
