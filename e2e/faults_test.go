@@ -66,21 +66,7 @@ route {
 				hdrGate, "1", "Host", "api.test")
 		}
 		cl := newClient(t)
-		results := make([]response, n)
-		errs := make([]error, n)
-		var answered atomic.Int32
-		var wg sync.WaitGroup
-		start := make(chan struct{})
-		for i := range n {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				<-start
-				results[i], errs[i] = do(cl, mk(i))
-				answered.Add(1)
-			}()
-		}
-		close(start)
+		results, errs, answered, wg := fanOut(cl, n, mk)
 		select {
 		case <-waitUp.startedCh(key):
 		case <-time.After(15 * time.Second):
@@ -93,7 +79,7 @@ route {
 		early := answered.Load()
 		waitUp.openGate()
 		opened := time.Now()
-		if !waitGroupWithin(&wg, 20*time.Second) {
+		if !waitGroupWithin(wg, 20*time.Second) {
 			t.Fatalf("only %d of %d requests answered 20s after the upstream answered", answered.Load(), n)
 		}
 		if early > 0 {

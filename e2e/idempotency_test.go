@@ -129,6 +129,27 @@ func TestConcurrentDuplicates(t *testing.T) {
 	})
 }
 
+// fanOut sends mk(0) to mk(n-1) at once, one goroutine each. The slices
+// fill in as answers come; answered counts them and wg ends with the last.
+func fanOut(cl *http.Client, n int, mk func(int) *http.Request) ([]response, []error, *atomic.Int32, *sync.WaitGroup) {
+	results := make([]response, n)
+	errs := make([]error, n)
+	answered := new(atomic.Int32)
+	wg := new(sync.WaitGroup)
+	start := make(chan struct{})
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			results[i], errs[i] = do(cl, mk(i))
+			answered.Add(1)
+		}()
+	}
+	close(start)
+	return results, errs, answered, wg
+}
+
 // concurrentDuplicates sends 50 identical requests at once, spread over the
 // instances, to an upstream that holds the first one until the 49 others
 // have been answered. It returns the index of the instance that ran it.
@@ -141,21 +162,7 @@ func concurrentDuplicates(t *testing.T, u *upstream, instances []*caddyProc) int
 			hdrGate, "1", "Host", "api.test")
 	}
 	cl := newClient(t)
-	results := make([]response, n)
-	errs := make([]error, n)
-	var answered atomic.Int32
-	var wg sync.WaitGroup
-	start := make(chan struct{})
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			<-start
-			results[i], errs[i] = do(cl, mk(i))
-			answered.Add(1)
-		}()
-	}
-	close(start)
+	results, errs, answered, wg := fanOut(cl, n, mk)
 	// The upstream holds the request that runs; every other one must be
 	// refused meanwhile. (Should two run, only n-2 get answered: the gate
 	// opens at the deadline and the count check below fails.)
