@@ -37,10 +37,6 @@ const (
 // request's context ends before the upstream answers.
 const statusClientClosed = 499
 
-// storeOpTimeout bounds the store calls made after the response was sent,
-// which no client context limits.
-const storeOpTimeout = 5 * time.Second
-
 var trueValue = []string{"true"}
 
 // ServeHTTP implements caddyhttp.MiddlewareHandler.
@@ -286,9 +282,9 @@ func (h *Handler) withdraw(key store.Key, tok store.Token) {
 // completeLater keeps trying to store a response the store refused while
 // it was unavailable: until the lease passes, the claim is still this
 // request's, and storing it spares the retry a second execution.
-func (h *Handler) completeLater(key store.Key, tok store.Token, rec *store.Record) {
+func (h *Handler) completeLater(key store.Key, c *store.Claim, rec *store.Record) {
 	kept := &store.Record{Status: rec.Status, Header: rec.Header.Clone(), Body: bytes.Clone(rec.Body), Truncated: rec.Truncated}
-	h.retryLater(func(ctx context.Context) error { return h.store.Complete(ctx, key, tok, kept, time.Duration(h.TTL)) },
+	h.retryLater(func(ctx context.Context) error { return h.store.Complete(ctx, key, c, kept, time.Duration(h.TTL)) },
 		func(err error) bool {
 			switch {
 			case err == nil:
@@ -310,60 +306,27 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, next caddyhttp
 	defer rw.free()
 	h.metrics.claimHeld(1)
 	defer h.metrics.claimHeld(-1)
-	hb := h.startHeartbeat(key, c.Token)
+	run, ctx := h.leases.start(r.Context(), key, c.Token)
 	defer func() {
 		if p := recover(); p != nil {
-			hb.stop()
+			h.leases.stop(run)
 			h.finish(key, c, rw, nil, true)
 			panic(p)
 		}
 	}()
-	ctx, detach := h.detach(r.Context())
-	defer detach()
 	err = next.ServeHTTP(rw, r.WithContext(ctx))
-	hb.stop() // before finishing, so a last renewal cannot race the release
+	h.leases.stop(run) // before finishing, so a last renewal cannot race the release
 	h.finish(key, c, rw, err, false)
 	return err
-}
-
-// detach returns the context the work runs under. The client's disconnect
-// must not cancel the work it asked for: the upstream runs on and its
-// answer is stored for the client's retry. But a hung upstream must not
-// hold the claim for ever (the heartbeat would renew it as long as the
-// request runs), so once the client is gone the work gets one more lease
-// to finish, then is cancelled. Values (replacer, vars, logger) are kept.
-func (h *Handler) detach(parent context.Context) (context.Context, context.CancelFunc) {
-	ctx, cancel := context.WithCancel(context.WithoutCancel(parent))
-	var (
-		mu    sync.Mutex
-		grace *time.Timer
-		done  bool
-	)
-	stop := context.AfterFunc(parent, func() {
-		mu.Lock()
-		if !done {
-			grace = time.AfterFunc(time.Duration(h.LockTimeout), cancel)
-		}
-		mu.Unlock()
-	})
-	return ctx, func() {
-		stop()
-		mu.Lock()
-		done = true
-		if grace != nil {
-			grace.Stop()
-		}
-		mu.Unlock()
-		cancel()
-	}
 }
 
 // finish stores the response of a claimed request, or releases the claim
 // when a retry should run the request anew.
 func (h *Handler) finish(key store.Key, c *store.Claim, rw *recorder, handlerErr error, aborted bool) {
 	defer finished.done(key)
-	ctx, cancel := context.WithTimeout(context.Background(), storeOpTimeout)
-	defer cancel()
+	// The client's context is not used: its response is being stored for
+	// its retry whether or not it stayed. Each store bounds its own calls.
+	ctx := context.Background()
 
 	status := rw.status
 	if !rw.wroteHeader {
@@ -389,7 +352,7 @@ func (h *Handler) finish(key store.Key, c *store.Claim, rw *recorder, handlerErr
 		// but there is no whole response to replay.
 		rec.Header, rec.Body, rec.Truncated = nil, nil, true
 	}
-	err := h.store.Complete(ctx, key, c.Token, rec, time.Duration(h.TTL))
+	err := h.store.Complete(ctx, key, c, rec, time.Duration(h.TTL))
 	switch {
 	case errors.Is(err, store.ErrNotOwner):
 		h.logger.Error("claim was lost before the response could be stored: the lease passed and another request took the key over (raise lock_timeout), or an operator purged it",
@@ -397,7 +360,7 @@ func (h *Handler) finish(key store.Key, c *store.Claim, rw *recorder, handlerErr
 	case err != nil:
 		h.logger.Warn("storing the response failed; retrying until the lease passes",
 			zap.String("key_hash", key.String()), zap.Error(err))
-		h.completeLater(key, c.Token, rec)
+		h.completeLater(key, c, rec)
 	}
 }
 
@@ -408,63 +371,4 @@ func (h *Handler) release(ctx context.Context, key store.Key, tok store.Token, w
 			zap.String("key_hash", key.String()), zap.String("reason", why), zap.Error(err))
 		h.withdraw(key, tok)
 	}
-}
-
-// minRenewRetry is the first pause before retrying a failed renewal.
-const minRenewRetry = 50 * time.Millisecond
-
-// heartbeat renews a claim every third of its lease while the request runs,
-// so that a slow request is never run twice, while a dead owner's claim
-// still frees itself within one lease. Requests shorter than a third of the
-// lease never renew.
-type heartbeat struct {
-	mu      sync.Mutex
-	timer   *time.Timer
-	stopped bool
-}
-
-func (h *Handler) startHeartbeat(key store.Key, tok store.Token) *heartbeat {
-	lease := time.Duration(h.LockTimeout)
-	every := lease / 3
-	hb := new(heartbeat)
-	hb.mu.Lock()
-	defer hb.mu.Unlock()
-	held := time.Now().Add(lease) // when the claim lapses without renewal
-	retry := minRenewRetry
-	hb.timer = time.AfterFunc(every, func() {
-		// A renewal may take at most what is left of the lease.
-		ctx, cancel := context.WithDeadline(context.Background(), held)
-		err := h.store.Renew(ctx, key, tok, lease)
-		cancel()
-		hb.mu.Lock()
-		defer hb.mu.Unlock()
-		if hb.stopped {
-			return
-		}
-		switch {
-		case err == nil:
-			h.metrics.renewed()
-			held, retry = time.Now().Add(lease), minRenewRetry
-			hb.timer.Reset(every)
-		case errors.Is(err, store.ErrNotOwner):
-			h.logger.Error("claim lost while the request runs; a duplicate may run it too",
-				zap.String("key_hash", key.String()))
-		default:
-			// Retry soon, not a period later: a store outage longer than
-			// one period must not cost the lease while the lease remains.
-			h.logger.Warn("renewing the claim failed", zap.String("key_hash", key.String()), zap.Error(err))
-			if left := time.Until(held); left > 0 {
-				hb.timer.Reset(min(retry, left))
-				retry = min(2*retry, every)
-			}
-		}
-	})
-	return hb
-}
-
-func (hb *heartbeat) stop() {
-	hb.mu.Lock()
-	hb.stopped = true
-	hb.timer.Stop()
-	hb.mu.Unlock()
 }

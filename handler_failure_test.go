@@ -233,7 +233,7 @@ func TestDeadOwnersClaimIsTakenOver(t *testing.T) {
 			t.Fatalf("backend ran %d times after the takeover, want 1", b.runs.Load())
 		}
 		// The dead owner, waking up, cannot overwrite the new owner's result.
-		if err := h.store.Complete(context.Background(), key, dead.Token, &store.Record{Status: 500}, time.Minute); !errors.Is(err, store.ErrNotOwner) {
+		if err := h.store.Complete(context.Background(), key, dead, &store.Record{Status: 500}, time.Minute); !errors.Is(err, store.ErrNotOwner) {
 			t.Fatalf("stale owner's Complete = %v, want ErrNotOwner", err)
 		}
 		wantStatus(t, do(h, b, post("/orders", "k", "x")), 201)

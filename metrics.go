@@ -149,9 +149,9 @@ func (i *instrumented) Acquire(ctx context.Context, k store.Key, c *store.Claim)
 	return rec, err
 }
 
-func (i *instrumented) Complete(ctx context.Context, k store.Key, t store.Token, rec *store.Record, ttl time.Duration) error {
+func (i *instrumented) Complete(ctx context.Context, k store.Key, c *store.Claim, rec *store.Record, ttl time.Duration) error {
 	start := time.Now()
-	err := i.Store.Complete(ctx, k, t, rec, ttl)
+	err := i.Store.Complete(ctx, k, c, rec, ttl)
 	timeOp(i.complete, i.completeErr, start, err)
 	return err
 }

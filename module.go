@@ -119,6 +119,7 @@ type Handler struct {
 	keyField string // canonical form of KeyHeader, to index the header map
 	problems problems
 	metrics  *metrics // nil when disabled
+	leases   *leases
 }
 
 // CaddyModule returns the Caddy module information.
@@ -156,6 +157,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		storeName = mod.(caddy.Module).CaddyModule().ID.Name()
 	}
 	h.store = s
+	h.leases = newLeases(h)
 	if !h.DisableMetrics {
 		if h.metrics, err = newMetrics(ctx.GetMetricsRegistry()); err != nil {
 			return fmt.Errorf("registering metrics: %w", err)

@@ -94,7 +94,7 @@ func TestWaitNoticesAnOwnerElsewhere(t *testing.T) {
 		}
 		go func() {
 			time.Sleep(200 * time.Millisecond)
-			h.store.Complete(context.Background(), key, remote.Token,
+			h.store.Complete(context.Background(), key, remote,
 				&store.Record{Status: 202, Body: []byte("done elsewhere")}, time.Minute)
 		}()
 		start := time.Now()

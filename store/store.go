@@ -97,6 +97,10 @@ type Claim struct {
 	// dies, another request may take the key over once it has passed.
 	Lease time.Duration
 
+	// CreatedAt is set by Acquire when it records the claim: when the key
+	// was claimed, by the store's clock. Complete keeps it in the record.
+	CreatedAt time.Time
+
 	// TookOver is set by Acquire when the claim replaced an in-progress
 	// claim whose lease had passed (its owner died or stalled). Stores that
 	// cannot tell (Redis expires claims by itself) leave it false.
@@ -113,9 +117,13 @@ type Store interface {
 	// unchanged, and c is not recorded.
 	Acquire(ctx context.Context, key Key, c *Claim) (*Record, error)
 
-	// Complete replaces the claim held by token with the completed record
-	// rec, kept for ttl. ErrNotOwner if token no longer holds the claim.
-	Complete(ctx context.Context, key Key, token Token, rec *Record, ttl time.Duration) error
+	// Complete replaces the claim c, as Acquire recorded it, with the
+	// completed response in rec (Status, Header, Body, Truncated), kept for
+	// ttl. The record keeps the claim's binding: its Endpoint, Fingerprint
+	// and CreatedAt, which stores that hold records as one value take from
+	// c rather than read back. ErrNotOwner if c.Token no longer holds the
+	// claim.
+	Complete(ctx context.Context, key Key, c *Claim, rec *Record, ttl time.Duration) error
 
 	// Release deletes the claim held by token, so that a retry runs anew.
 	// ErrNotOwner if token no longer holds the claim.

@@ -76,7 +76,7 @@ func TestPersistence(t *testing.T) {
 	if _, err := s.Acquire(ctx, done, doneClaim); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Complete(ctx, done, doneClaim.Token, &store.Record{Status: 201, Body: []byte("kept")}, time.Hour); err != nil {
+	if err := s.Complete(ctx, done, doneClaim, &store.Record{Status: 201, Body: []byte("kept")}, time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.Acquire(ctx, held, heldClaim); err != nil {
@@ -163,7 +163,7 @@ func TestSweepDeletesExpiredInBatches(t *testing.T) {
 			if _, err := s.Acquire(ctx, k, c); err != nil {
 				t.Fatal(err)
 			}
-			if err := s.Complete(ctx, k, c.Token, &store.Record{Status: 200}, ttl); err != nil {
+			if err := s.Complete(ctx, k, c, &store.Record{Status: 200}, ttl); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -246,7 +246,7 @@ func BenchmarkReplay(b *testing.B) {
 		b.Fatal(err)
 	}
 	rec := &store.Record{Status: 201, Header: map[string][]string{"Content-Type": {"application/json"}}, Body: make([]byte, 4096)}
-	if err := s.Complete(ctx, k, c.Token, rec, time.Hour); err != nil {
+	if err := s.Complete(ctx, k, c, rec, time.Hour); err != nil {
 		b.Fatal(err)
 	}
 	b.ReportAllocs()

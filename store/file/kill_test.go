@@ -109,7 +109,7 @@ func runChild(t *testing.T, dir string) {
 	if _, err := s.Acquire(ctx, done, c); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Complete(ctx, done, c.Token, &store.Record{Status: 201, Body: []byte("survived")}, time.Hour); err != nil {
+	if err := s.Complete(ctx, done, c, &store.Record{Status: 201, Body: []byte("survived")}, time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	held, hc := storetest.NewKey(), claim(childLease)

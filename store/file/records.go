@@ -86,7 +86,10 @@ func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (*st
 	if rec != nil {
 		return rec, nil
 	}
-	var tookOver bool
+	var (
+		tookOver bool
+		created  time.Time
+	)
 	err = s.db.Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(records)
 		t := now()
@@ -94,7 +97,7 @@ func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (*st
 		if rec, err = liveRecord(b, key, t); err != nil || rec != nil {
 			return err
 		}
-		tookOver = deadClaim(b.Get(key[:]), t)
+		tookOver, created = deadClaim(b.Get(key[:]), t), t
 		return b.Put(key[:], appendValue(make([]byte, 0, 128), t.Add(c.Lease), &store.Record{
 			State:       store.InProgress,
 			Token:       c.Token,
@@ -106,24 +109,21 @@ func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (*st
 	if err != nil {
 		return nil, unavailable("acquiring", err)
 	}
-	c.TookOver = rec == nil && tookOver
+	if rec == nil {
+		c.TookOver, c.CreatedAt = tookOver, created
+	}
 	return rec, nil
 }
 
-// Complete replaces the claim held by token with rec, kept for ttl. The
-// claim's endpoint, fingerprint and creation time stay.
-func (s *Store) Complete(ctx context.Context, key store.Key, token store.Token, rec *store.Record, ttl time.Duration) error {
-	return s.update(ctx, "completing", key, token, func(b *bolt.Bucket, v []byte, t time.Time) error {
-		claim, err := store.DecodeRecord(v[expiryLen:])
-		if err != nil {
-			return fmt.Errorf("decoding claim: %w", err)
-		}
+// Complete replaces the claim c with rec, kept for ttl, under c's binding.
+func (s *Store) Complete(ctx context.Context, key store.Key, c *store.Claim, rec *store.Record, ttl time.Duration) error {
+	return s.update(ctx, "completing", key, c.Token, func(b *bolt.Bucket, _ []byte, t time.Time) error {
 		done := &store.Record{
 			State:       store.Completed,
-			Token:       token,
-			Endpoint:    claim.Endpoint,
-			Fingerprint: claim.Fingerprint,
-			CreatedAt:   claim.CreatedAt,
+			Token:       c.Token,
+			Endpoint:    c.Endpoint,
+			Fingerprint: c.Fingerprint,
+			CreatedAt:   c.CreatedAt,
 			Status:      rec.Status,
 			Header:      rec.Header,
 			Body:        rec.Body,

@@ -153,8 +153,8 @@ func (m *Memory) Acquire(_ context.Context, k store.Key, c *store.Claim) (*store
 	return m.tab.acquire(k, c)
 }
 
-func (m *Memory) Complete(_ context.Context, k store.Key, tok store.Token, rec *store.Record, ttl time.Duration) error {
-	return m.tab.complete(k, tok, rec, ttl)
+func (m *Memory) Complete(_ context.Context, k store.Key, c *store.Claim, rec *store.Record, ttl time.Duration) error {
+	return m.tab.complete(k, c.Token, rec, ttl)
 }
 
 func (m *Memory) Release(_ context.Context, k store.Key, tok store.Token) error {

@@ -58,7 +58,7 @@ func TestBoundedEntriesEvictsOldestCompleted(t *testing.T) {
 		if _, err := m.Acquire(ctx, keys[i], c); err != nil {
 			t.Fatalf("Acquire %d: %v", i, err)
 		}
-		if err := m.Complete(ctx, keys[i], c.Token, &store.Record{Status: 200}, time.Hour); err != nil {
+		if err := m.Complete(ctx, keys[i], c, &store.Record{Status: 200}, time.Hour); err != nil {
 			t.Fatalf("Complete %d: %v", i, err)
 		}
 	}
@@ -92,7 +92,7 @@ func TestBoundedBytes(t *testing.T) {
 		if _, err := m.Acquire(ctx, k, c); err != nil {
 			t.Fatal(err)
 		}
-		if err := m.Complete(ctx, k, c.Token, &store.Record{Status: 200, Body: make([]byte, 2000)}, time.Hour); err != nil {
+		if err := m.Complete(ctx, k, c, &store.Record{Status: 200, Body: make([]byte, 2000)}, time.Hour); err != nil {
 			t.Fatal(err)
 		}
 		if m.tab.bytes > 10_000 {
@@ -106,7 +106,7 @@ func TestSweepDropsExpired(t *testing.T) {
 	ctx := context.Background()
 	k, c := storetest.NewKey(), &store.Claim{Token: storetest.NewToken(), Lease: time.Minute}
 	m.Acquire(ctx, k, c)
-	m.Complete(ctx, k, c.Token, &store.Record{Status: 200, Body: []byte("x")}, time.Millisecond)
+	m.Complete(ctx, k, c, &store.Record{Status: 200, Body: []byte("x")}, time.Millisecond)
 	time.Sleep(5 * time.Millisecond)
 	m.tab.mu.Lock()
 	e := m.tab.live(k, now())

@@ -143,7 +143,7 @@ func (t *table) acquire(k store.Key, c *store.Claim) (*store.Record, error) {
 	}
 	t.entries[k] = e
 	t.bytes += size
-	c.TookOver = dead
+	c.TookOver, c.CreatedAt = dead, n
 	return nil, nil
 }
 

@@ -37,6 +37,11 @@ const (
 	// connect_timeout, so that an unreachable host costs a request little
 	// time even if its context has no deadline.
 	defaultConnectTimeout = 2 * time.Second
+	// callTimeout bounds one store call, waiting for a pooled connection
+	// included: the handler's calls after a response carry no deadline of
+	// their own, and a stalled server must not hold a request (or the
+	// claim it renews) for ever.
+	callTimeout = 5 * time.Second
 	// maxIdentifier is PostgreSQL's NAMEDATALEN-1: longer names would be
 	// silently truncated, and two tables could end up sharing one.
 	maxIdentifier = 63

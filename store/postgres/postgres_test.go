@@ -126,7 +126,7 @@ func TestUnavailableThenRecovers(t *testing.T) {
 	if rec, err := s.Acquire(ctx, k, c); rec != nil || err != nil {
 		t.Fatalf("Acquire after the restart = %+v, %v; want a claim", rec, err)
 	}
-	if err := s.Complete(ctx, k, c.Token, &store.Record{Status: 204}, time.Minute); err != nil {
+	if err := s.Complete(ctx, k, c, &store.Record{Status: 204}, time.Minute); err != nil {
 		t.Fatalf("Complete after the restart: %v", err)
 	}
 }
@@ -305,7 +305,7 @@ func BenchmarkReplay(b *testing.B) {
 	}
 	body := make([]byte, 4096)
 	rec := &store.Record{Status: 201, Header: map[string][]string{"Content-Type": {"application/json"}}, Body: body}
-	if err := s.Complete(ctx, k, c.Token, rec, time.Hour); err != nil {
+	if err := s.Complete(ctx, k, c, rec, time.Hour); err != nil {
 		b.Fatal(err)
 	}
 	b.ReportAllocs()

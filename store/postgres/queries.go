@@ -90,6 +90,8 @@ const acquireAttempts = 5
 
 // Acquire claims key for c, or returns its live record, in one statement.
 func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (*store.Record, error) {
+	ctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
 	if err := s.db.ensure(ctx); err != nil {
 		return nil, err
 	}
@@ -112,7 +114,7 @@ func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (*st
 			return nil, s.unavailable("acquiring", err)
 		}
 		if won {
-			c.TookOver = tookOver
+			c.TookOver, c.CreatedAt = tookOver, created
 			return nil, nil
 		}
 		rec := &store.Record{
@@ -145,9 +147,9 @@ func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (*st
 	return nil, s.unavailable("acquiring", errors.New("the key changed under every attempt"))
 }
 
-// Complete replaces the claim held by token with rec, kept for ttl. The
-// claim's endpoint, fingerprint and creation time stay.
-func (s *Store) Complete(ctx context.Context, key store.Key, token store.Token, rec *store.Record, ttl time.Duration) error {
+// Complete replaces the claim c with rec, kept for ttl. The row's endpoint,
+// fingerprint and creation time, which are c's, stay.
+func (s *Store) Complete(ctx context.Context, key store.Key, c *store.Claim, rec *store.Record, ttl time.Duration) error {
 	var headers []byte
 	if len(rec.Header) > 0 {
 		var err error
@@ -156,7 +158,7 @@ func (s *Store) Complete(ctx context.Context, key store.Key, token store.Token, 
 		}
 	}
 	return s.exec(ctx, "completing", s.db.q.complete,
-		key[:], token[:], rec.Status, headers, rec.Body, rec.Truncated, micros(ttl))
+		key[:], c.Token[:], rec.Status, headers, rec.Body, rec.Truncated, micros(ttl))
 }
 
 // Release deletes the claim held by token.
@@ -172,6 +174,8 @@ func (s *Store) Renew(ctx context.Context, key store.Key, token store.Token, lea
 // exec runs one of the owner-checked statements: no row means the token
 // does not hold the claim.
 func (s *Store) exec(ctx context.Context, op, sql string, args ...any) error {
+	ctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
 	if err := s.db.ensure(ctx); err != nil {
 		return err
 	}

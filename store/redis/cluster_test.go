@@ -141,7 +141,7 @@ func testClusterSpread(t *testing.T, cl *testredis.Cluster) {
 						return fmt.Errorf("Acquire after Release = %+v, %v", rec, err)
 					}
 				}
-				if err := s.Complete(ctx, k, c.Token, testRecord(strconv.Itoa(i)), time.Minute); err != nil {
+				if err := s.Complete(ctx, k, c, testRecord(strconv.Itoa(i)), time.Minute); err != nil {
 					return fmt.Errorf("Complete: %w", err)
 				}
 				rec, err := s.Acquire(ctx, k, claim())
@@ -194,7 +194,7 @@ func TestClusterSlotMigration(t *testing.T) {
 
 	ca := mustClaimKey(t, s, a) // in flight across the migration
 	cb := mustClaimKey(t, s, b) // completed before it
-	if err := s.Complete(ctx, b, cb.Token, testRecord("b"), time.Minute); err != nil {
+	if err := s.Complete(ctx, b, cb, testRecord("b"), time.Minute); err != nil {
 		t.Fatal(err)
 	}
 
@@ -226,10 +226,10 @@ func TestClusterSlotMigration(t *testing.T) {
 	if err := s.Renew(ctx, a, ca.Token, time.Minute); err != nil {
 		t.Fatalf("Renew during the migration: %v", err)
 	}
-	if err := s.Complete(ctx, a, storetest.NewToken(), testRecord("stranger"), time.Minute); !errors.Is(err, store.ErrNotOwner) {
+	if err := s.Complete(ctx, a, &store.Claim{Token: storetest.NewToken()}, testRecord("stranger"), time.Minute); !errors.Is(err, store.ErrNotOwner) {
 		t.Fatalf("Complete by a stranger during the migration = %v, want ErrNotOwner", err)
 	}
-	if err := s.Complete(ctx, a, ca.Token, testRecord("a"), time.Minute); err != nil {
+	if err := s.Complete(ctx, a, ca, testRecord("a"), time.Minute); err != nil {
 		t.Fatalf("Complete during the migration: %v", err)
 	}
 	wantStoredRecord(t, s, a, store.Completed, "a", store.Token{})
@@ -242,7 +242,7 @@ func TestClusterSlotMigration(t *testing.T) {
 	// The client's slot map is stale now: MOVED, then the new owner.
 	wantStoredRecord(t, s, a, store.Completed, "a", store.Token{})
 	wantStoredRecord(t, s, b, store.Completed, "b", store.Token{})
-	if err := s.Complete(ctx, c, cc.Token, testRecord("c"), time.Minute); err != nil {
+	if err := s.Complete(ctx, c, cc, testRecord("c"), time.Minute); err != nil {
 		t.Fatalf("Complete after the migration: %v", err)
 	}
 	wantStoredRecord(t, s, c, store.Completed, "c", store.Token{})
@@ -278,7 +278,7 @@ func TestClusterFailoverDuringRequest(t *testing.T) {
 
 	c := mustClaimKey(t, s, k)
 	cd := mustClaimKey(t, s, done)
-	if err := s.Complete(ctx, done, cd.Token, testRecord("done"), time.Minute); err != nil {
+	if err := s.Complete(ctx, done, cd, testRecord("done"), time.Minute); err != nil {
 		t.Fatal(err)
 	}
 
@@ -294,7 +294,7 @@ func TestClusterFailoverDuringRequest(t *testing.T) {
 	if err := s.Renew(ctx, k, c.Token, time.Minute); err != nil {
 		t.Fatalf("Renew after the failover: %v", err)
 	}
-	if err := s.Complete(ctx, k, c.Token, testRecord("k"), time.Minute); err != nil {
+	if err := s.Complete(ctx, k, c, testRecord("k"), time.Minute); err != nil {
 		t.Fatalf("Complete after the failover: %v", err)
 	}
 	wantStoredRecord(t, s, k, store.Completed, "k", store.Token{})

@@ -63,7 +63,7 @@ func everyCall(s *Store) []timedCall {
 		return err
 	})
 	run("Renew", func() error { return s.Renew(ctx, k, c.Token, time.Minute) })
-	run("Complete", func() error { return s.Complete(ctx, k, c.Token, testRecord("x"), time.Minute) })
+	run("Complete", func() error { return s.Complete(ctx, k, c, testRecord("x"), time.Minute) })
 	k, c = storetest.NewKey(), claim()
 	run("Acquire", func() error { _, err := s.Acquire(ctx, k, c); return err })
 	run("Release", func() error { return s.Release(ctx, k, c.Token) })
@@ -157,7 +157,7 @@ func TestFaultLatencyAboveReadTimeout(t *testing.T) {
 	if rec, err := s.Acquire(ctx, k, c); rec != nil || err != nil {
 		t.Fatalf("the owner's retry = %+v, %v; want its own claim", rec, err)
 	}
-	if err := s.Complete(ctx, k, c.Token, testRecord("late"), time.Minute); err != nil {
+	if err := s.Complete(ctx, k, c, testRecord("late"), time.Minute); err != nil {
 		t.Fatalf("Complete after the link healed: %v", err)
 	}
 	wantStoredRecord(t, s, k, store.Completed, "late", store.Token{})
@@ -222,7 +222,7 @@ func TestFaultCutConnections(t *testing.T) {
 			t.Fatalf("round %d: Renew after a cut: %v", i, err)
 		}
 		p.Cut()
-		if err := s.Complete(ctx, k, c.Token, testRecord("cut"), time.Minute); err != nil {
+		if err := s.Complete(ctx, k, c, testRecord("cut"), time.Minute); err != nil {
 			t.Fatalf("round %d: Complete after a cut: %v", i, err)
 		}
 		p.Cut()
@@ -257,7 +257,7 @@ func TestFaultCutInFlight(t *testing.T) {
 		case err == nil && rec == nil:
 			ok++
 			wantStoredRecord(t, s, k, store.InProgress, "", c.Token)
-			if err := s.Complete(ctx, k, c.Token, testRecord("x"), time.Minute); err != nil {
+			if err := s.Complete(ctx, k, c, testRecord("x"), time.Minute); err != nil {
 				t.Fatalf("Complete after a cut Acquire that claimed: %v", err)
 			}
 		case errors.Is(err, store.ErrUnavailable):
@@ -344,7 +344,7 @@ func TestFaultLateReplyThenRetry(t *testing.T) {
 		k, c := storetest.NewKey(), claim()
 		mustAcquireFresh(t, s, k, c)
 		err, _ := lateReply(func() error {
-			return s.Complete(ctx, k, c.Token, testRecord("stored"), time.Minute)
+			return s.Complete(ctx, k, c, testRecord("stored"), time.Minute)
 		})
 		// The first attempt stored the response: it replays, and nobody
 		// can take the key over. The retry's script finds the record this

@@ -250,25 +250,20 @@ func (s Store) GoString() string { return s.String() }
 // of a GETRANGE, whatever the size of the record.
 const ownerLen = store.TokenOffset + len(store.Token{})
 
-// complete swaps an owned claim for the completed record. ARGV[2] is that
-// record encoded with an empty binding; the binding (token, fingerprint,
-// creation time, endpoint) is spliced in from the claim, whose encoding
-// ends with a zero header count and no body:
-//
-//	1-2 magic, state | 3-58 binding | 59-61 status, flags | 62- endpoint ... headers, body
-//
-// ARGV[4] is the prefix the completed record has: when go-redis resends the
-// script because the first reply was late, the second run finds the work
-// done and must say so rather than report a lost claim.
+// complete swaps an owned claim for the completed record ARGV[2], which
+// the handler encodes whole (the claim's binding included), so the script
+// only compares the owner prefix and SETs. When go-redis resends the script
+// because the first reply was late, the second run finds the record's own
+// prefix (state completed, same token) and must report success rather than
+// a lost claim.
 var completeScript = goredis.NewScript(`
 local head = redis.call('GETRANGE', KEYS[1], 0, 17)
-if head == ARGV[4] then return 1 end
-if head ~= ARGV[1] then return 0 end
-local claim, rec = redis.call('GET', KEYS[1]), ARGV[2]
-redis.call('SET', KEYS[1],
-	string.sub(rec, 1, 2) .. string.sub(claim, 3, 58) .. string.sub(rec, 59, 61) ..
-	string.sub(claim, 62, -2) .. string.sub(rec, 63), 'PX', ARGV[3])
-return 1
+if head == ARGV[1] then
+	redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+	return 1
+end
+if head == string.sub(ARGV[2], 1, 18) then return 1 end
+return 0
 `)
 
 var releaseScript = goredis.NewScript(`
@@ -304,8 +299,8 @@ func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (*st
 	// Redis deletes a dead owner's claim by itself when the lease passes,
 	// and SET NX then finds no key at all. Whether one was ever there, and
 	// in progress, cannot be told.
-	c.TookOver = false
-	val := store.AppendClaim(make([]byte, 0, 128), c, now())
+	c.TookOver, c.CreatedAt = false, now()
+	val := store.AppendClaim(make([]byte, 0, 128), c, c.CreatedAt)
 	cmd := goredis.NewStringCmd(ctx, "set", s.key(key), val, "nx", "px", millis(c.Lease), "get")
 	_ = s.client.Process(ctx, cmd)
 	old, err := cmd.Bytes()
@@ -327,20 +322,22 @@ func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (*st
 	return rec, nil
 }
 
-// Complete stores rec in place of the claim held by token, for ttl.
-func (s *Store) Complete(ctx context.Context, key store.Key, token store.Token, rec *store.Record, ttl time.Duration) error {
+// Complete stores rec in place of the claim c, for ttl.
+func (s *Store) Complete(ctx context.Context, key store.Key, c *store.Claim, rec *store.Record, ttl time.Duration) error {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	val := store.AppendRecord(make([]byte, 0, 128+len(rec.Body)), &store.Record{
-		State:     store.Completed,
-		Status:    rec.Status,
-		Header:    rec.Header,
-		Body:      rec.Body,
-		Truncated: rec.Truncated,
+	val := store.AppendRecord(make([]byte, 0, 128+len(c.Endpoint)+len(rec.Body)), &store.Record{
+		State:       store.Completed,
+		Token:       c.Token,
+		Endpoint:    c.Endpoint,
+		Fingerprint: c.Fingerprint,
+		CreatedAt:   c.CreatedAt,
+		Status:      rec.Status,
+		Header:      rec.Header,
+		Body:        rec.Body,
+		Truncated:   rec.Truncated,
 	})
-	done := owner(token)
-	done[1] = byte(store.Completed)
-	return s.owned(completeScript.Run(ctx, s.client, []string{s.key(key)}, owner(token), val, millis(ttl), done), "completing")
+	return s.owned(completeScript.Run(ctx, s.client, []string{s.key(key)}, owner(c.Token), val, millis(ttl)), "completing")
 }
 
 // Release deletes the claim held by token.

@@ -80,7 +80,7 @@ func TestSentinelFailoverDuringTraffic(t *testing.T) {
 	inFlight, done := storetest.NewKey(), storetest.NewKey()
 	c := mustClaimKey(t, s, inFlight)
 	cd := mustClaimKey(t, s, done)
-	if err := s.Complete(ctx, done, cd.Token, testRecord("done"), time.Minute); err != nil {
+	if err := s.Complete(ctx, done, cd, testRecord("done"), time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	sg.WaitReplicated(t)
@@ -120,7 +120,7 @@ func TestSentinelFailoverDuringTraffic(t *testing.T) {
 				record(o)
 				if err == nil && i%2 == 0 {
 					start = time.Now()
-					err = s.Complete(ctx, k, cl.Token, testRecord("traffic"), time.Minute)
+					err = s.Complete(ctx, k, cl, testRecord("traffic"), time.Minute)
 					record(failoverOp{start: start, err: err, key: k, claim: cl, completed: err == nil})
 				}
 				time.Sleep(2 * time.Millisecond)
@@ -227,7 +227,7 @@ func TestSentinelFailoverDuringTraffic(t *testing.T) {
 	// the new master.
 	wantStoredRecord(t, s, inFlight, store.InProgress, "", c.Token)
 	wantStoredRecord(t, s, done, store.Completed, "done", store.Token{})
-	if err := s.Complete(ctx, inFlight, c.Token, testRecord("after"), time.Minute); err != nil {
+	if err := s.Complete(ctx, inFlight, c, testRecord("after"), time.Minute); err != nil {
 		t.Fatalf("the owner's Complete on the new master: %v", err)
 	}
 	wantStoredRecord(t, s, inFlight, store.Completed, "after", store.Token{})
@@ -297,7 +297,7 @@ func TestSentinelUnreplicatedClaimIsLost(t *testing.T) {
 	if rec, err := s.Acquire(ctx, unreplicated, dup); err != nil || rec != nil {
 		t.Fatalf("Acquire of the unreplicated key after the failover = %+v, %v; want a new claim (the old one was lost)", rec, err)
 	}
-	if err := s.Complete(ctx, unreplicated, cu.Token, testRecord("first"), time.Minute); !errors.Is(err, store.ErrNotOwner) {
+	if err := s.Complete(ctx, unreplicated, cu, testRecord("first"), time.Minute); !errors.Is(err, store.ErrNotOwner) {
 		t.Fatalf("the first owner's Complete = %v, want ErrNotOwner", err)
 	}
 }

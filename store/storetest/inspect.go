@@ -86,7 +86,7 @@ func testLookupCompleted(t *testing.T, s store.Store) {
 	k, c := NewKey(), newClaim(time.Minute)
 	mustAcquire(t, s, k, c)
 	want := completed(201, []byte("{\"id\":1}\x00\xff"))
-	if err := s.Complete(ctx(t), k, c.Token, want, time.Hour); err != nil {
+	if err := s.Complete(ctx(t), k, c, want, time.Hour); err != nil {
 		t.Fatalf("Complete: %v", err)
 	}
 	rec, exp := mustLookup(t, in, k)
@@ -117,7 +117,7 @@ func testLookupExpired(t *testing.T, s store.Store) {
 	mustAcquire(t, s, claimK, newClaim(shortLease))
 	c := newClaim(time.Minute)
 	mustAcquire(t, s, doneK, c)
-	if err := s.Complete(ctx(t), doneK, c.Token, completed(200, []byte("x")), shortLease); err != nil {
+	if err := s.Complete(ctx(t), doneK, c, completed(200, []byte("x")), shortLease); err != nil {
 		t.Fatalf("Complete: %v", err)
 	}
 	time.Sleep(shortLease + 200*time.Millisecond)
@@ -135,7 +135,7 @@ func testDelete(t *testing.T, s store.Store) {
 	in := inspector(t, s)
 	k, c := NewKey(), newClaim(time.Minute)
 	mustAcquire(t, s, k, c)
-	if err := s.Complete(ctx(t), k, c.Token, completed(200, []byte("gone")), time.Hour); err != nil {
+	if err := s.Complete(ctx(t), k, c, completed(200, []byte("gone")), time.Hour); err != nil {
 		t.Fatalf("Complete: %v", err)
 	}
 	other, oc := NewKey(), newClaim(time.Minute)
@@ -175,7 +175,7 @@ func testDeleteInProgress(t *testing.T, s store.Store) {
 		t.Fatalf("Acquire after purging the claim = %+v, want a new claim", rec)
 	}
 	// The purged owner finishes: it must not touch the new claim.
-	if err := s.Complete(ctx(t), k, c.Token, completed(200, []byte("late")), time.Minute); !errors.Is(err, store.ErrNotOwner) {
+	if err := s.Complete(ctx(t), k, c, completed(200, []byte("late")), time.Minute); !errors.Is(err, store.ErrNotOwner) {
 		t.Fatalf("Complete by the purged owner = %v, want ErrNotOwner", err)
 	}
 	if rec, _ := mustLookup(t, in, k); rec == nil || rec.Token != next.Token || rec.State != store.InProgress {
@@ -222,7 +222,7 @@ func testInFlight(t *testing.T, s store.Store) {
 	mustAcquire(t, s, old, oc)
 	done, dc := NewKey(), newClaim(time.Minute)
 	mustAcquire(t, s, done, dc)
-	if err := s.Complete(ctx(t), done, dc.Token, completed(200, []byte("done")), time.Hour); err != nil {
+	if err := s.Complete(ctx(t), done, dc, completed(200, []byte("done")), time.Hour); err != nil {
 		t.Fatalf("Complete: %v", err)
 	}
 	expired := NewKey()
@@ -256,7 +256,7 @@ func testInFlight(t *testing.T, s store.Store) {
 		}
 	}
 	// Once completed, a claim is no longer in flight.
-	if err := s.Complete(ctx(t), old, oc.Token, completed(200, nil), time.Hour); err != nil {
+	if err := s.Complete(ctx(t), old, oc, completed(200, nil), time.Hour); err != nil {
 		t.Fatalf("Complete: %v", err)
 	}
 	if _, ok := find(mustInFlight(t, in, 0, 1000), old); ok {

@@ -129,7 +129,7 @@ func testCompleteThenReplay(t *testing.T, s store.Store) {
 	k, c := NewKey(), newClaim(time.Minute)
 	mustAcquire(t, s, k, c)
 	want := completed(201, []byte(`{"id":1}`))
-	if err := s.Complete(ctx(t), k, c.Token, want, time.Minute); err != nil {
+	if err := s.Complete(ctx(t), k, c, want, time.Minute); err != nil {
 		t.Fatalf("Complete: %v", err)
 	}
 	got := mustAcquire(t, s, k, newClaim(time.Minute))
@@ -149,10 +149,10 @@ func testCompleteThenReplay(t *testing.T, s store.Store) {
 	// A completed record cannot be completed or released again by anyone.
 	// Its owner repeating Complete (a retry after a lost reply) may be told
 	// success, since its work is stored, but must change nothing.
-	if err := s.Complete(ctx(t), k, c.Token, completed(500, []byte("overwritten")), time.Minute); err != nil && !errors.Is(err, store.ErrNotOwner) {
+	if err := s.Complete(ctx(t), k, c, completed(500, []byte("overwritten")), time.Minute); err != nil && !errors.Is(err, store.ErrNotOwner) {
 		t.Fatalf("second Complete = %v, want nil or ErrNotOwner", err)
 	}
-	if err := s.Complete(ctx(t), k, NewToken(), completed(500, []byte("overwritten")), time.Minute); !errors.Is(err, store.ErrNotOwner) {
+	if err := s.Complete(ctx(t), k, &store.Claim{Token: NewToken()}, completed(500, []byte("overwritten")), time.Minute); !errors.Is(err, store.ErrNotOwner) {
 		t.Fatalf("Complete by a stranger after completion = %v, want ErrNotOwner", err)
 	}
 	if err := s.Release(ctx(t), k, c.Token); !errors.Is(err, store.ErrNotOwner) {
@@ -168,7 +168,7 @@ func testOwnerToken(t *testing.T, s store.Store) {
 	k, c := NewKey(), newClaim(time.Minute)
 	mustAcquire(t, s, k, c)
 	stranger := NewToken()
-	if err := s.Complete(ctx(t), k, stranger, completed(200, nil), time.Minute); !errors.Is(err, store.ErrNotOwner) {
+	if err := s.Complete(ctx(t), k, &store.Claim{Token: stranger}, completed(200, nil), time.Minute); !errors.Is(err, store.ErrNotOwner) {
 		t.Fatalf("Complete by a stranger = %v, want ErrNotOwner", err)
 	}
 	if err := s.Release(ctx(t), k, stranger); !errors.Is(err, store.ErrNotOwner) {
@@ -182,7 +182,7 @@ func testOwnerToken(t *testing.T, s store.Store) {
 		t.Fatalf("claim changed after a stranger's calls: %+v", rec)
 	}
 	// Calls on a key that was never claimed are refused the same way.
-	if err := s.Complete(ctx(t), NewKey(), c.Token, completed(200, nil), time.Minute); !errors.Is(err, store.ErrNotOwner) {
+	if err := s.Complete(ctx(t), NewKey(), c, completed(200, nil), time.Minute); !errors.Is(err, store.ErrNotOwner) {
 		t.Fatalf("Complete of an unclaimed key = %v, want ErrNotOwner", err)
 	}
 }
@@ -217,7 +217,7 @@ func testLeaseExpiry(t *testing.T, s store.Store) {
 		t.Fatalf("Acquire after the lease passed = %+v, want a takeover", rec)
 	}
 	// The stale owner wakes up: it must not overwrite or delete the new claim.
-	if err := s.Complete(ctx(t), k, stale.Token, completed(200, []byte("stale")), time.Minute); !errors.Is(err, store.ErrNotOwner) {
+	if err := s.Complete(ctx(t), k, stale, completed(200, []byte("stale")), time.Minute); !errors.Is(err, store.ErrNotOwner) {
 		t.Fatalf("stale Complete = %v, want ErrNotOwner", err)
 	}
 	if err := s.Release(ctx(t), k, stale.Token); !errors.Is(err, store.ErrNotOwner) {
@@ -226,7 +226,7 @@ func testLeaseExpiry(t *testing.T, s store.Store) {
 	if err := s.Renew(ctx(t), k, stale.Token, time.Minute); !errors.Is(err, store.ErrNotOwner) {
 		t.Fatalf("stale Renew = %v, want ErrNotOwner", err)
 	}
-	if err := s.Complete(ctx(t), k, fresh.Token, completed(200, []byte("fresh")), time.Minute); err != nil {
+	if err := s.Complete(ctx(t), k, fresh, completed(200, []byte("fresh")), time.Minute); err != nil {
 		t.Fatalf("Complete by the new owner: %v", err)
 	}
 	if rec := mustAcquire(t, s, k, newClaim(time.Minute)); rec == nil || string(rec.Body) != "fresh" {
@@ -260,7 +260,7 @@ func testRenew(t *testing.T, s store.Store) {
 func testTTLExpiry(t *testing.T, s store.Store) {
 	k, c := NewKey(), newClaim(time.Minute)
 	mustAcquire(t, s, k, c)
-	if err := s.Complete(ctx(t), k, c.Token, completed(200, []byte("x")), shortLease); err != nil {
+	if err := s.Complete(ctx(t), k, c, completed(200, []byte("x")), shortLease); err != nil {
 		t.Fatalf("Complete: %v", err)
 	}
 	if rec := mustAcquire(t, s, k, newClaim(time.Minute)); rec == nil || rec.State != store.Completed {
@@ -278,7 +278,7 @@ func testLargeBinaryBody(t *testing.T, s store.Store) {
 	body[0], body[1] = 0, 0xff
 	k, c := NewKey(), newClaim(time.Minute)
 	mustAcquire(t, s, k, c)
-	if err := s.Complete(ctx(t), k, c.Token, completed(200, body), time.Minute); err != nil {
+	if err := s.Complete(ctx(t), k, c, completed(200, body), time.Minute); err != nil {
 		t.Fatalf("Complete: %v", err)
 	}
 	rec := mustAcquire(t, s, k, newClaim(time.Minute))
@@ -290,7 +290,7 @@ func testLargeBinaryBody(t *testing.T, s store.Store) {
 func testTruncated(t *testing.T, s store.Store) {
 	k, c := NewKey(), newClaim(time.Minute)
 	mustAcquire(t, s, k, c)
-	if err := s.Complete(ctx(t), k, c.Token, &store.Record{Status: 200, Truncated: true}, time.Minute); err != nil {
+	if err := s.Complete(ctx(t), k, c, &store.Record{Status: 200, Truncated: true}, time.Minute); err != nil {
 		t.Fatalf("Complete: %v", err)
 	}
 	rec := mustAcquire(t, s, k, newClaim(time.Minute))
@@ -306,7 +306,7 @@ func testIndependentKeys(t *testing.T, s store.Store) {
 	if rec := mustAcquire(t, s, b, newClaim(time.Minute)); rec != nil {
 		t.Fatalf("claim of one key blocked another: %+v", rec)
 	}
-	if err := s.Complete(ctx(t), a, ca.Token, completed(200, []byte("a")), time.Minute); err != nil {
+	if err := s.Complete(ctx(t), a, ca, completed(200, []byte("a")), time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	if rec := mustAcquire(t, s, b, newClaim(time.Minute)); rec == nil || rec.State != store.InProgress {
@@ -331,7 +331,7 @@ func CheckUnavailable(t *testing.T, s store.Store) {
 		t.Errorf("Acquire on an unavailable store returned a record: %+v", rec)
 	}
 	check("Acquire", err)
-	check("Complete", s.Complete(ctx(t), k, c.Token, completed(200, nil), time.Minute))
+	check("Complete", s.Complete(ctx(t), k, c, completed(200, nil), time.Minute))
 	check("Release", s.Release(ctx(t), k, c.Token))
 	check("Renew", s.Renew(ctx(t), k, c.Token, time.Minute))
 }

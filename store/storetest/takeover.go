@@ -62,7 +62,7 @@ func testTakeoverAfterRelease(t *testing.T, s store.Store) {
 func testTakeoverAfterTTL(t *testing.T, s store.Store) {
 	k, c := NewKey(), newClaim(time.Minute)
 	mustAcquire(t, s, k, c)
-	if err := s.Complete(ctx(t), k, c.Token, completed(200, []byte("x")), shortLease); err != nil {
+	if err := s.Complete(ctx(t), k, c, completed(200, []byte("x")), shortLease); err != nil {
 		t.Fatalf("Complete: %v", err)
 	}
 	time.Sleep(shortLease + 200*time.Millisecond)
