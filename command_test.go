@@ -229,7 +229,7 @@ func TestCommandOutput(t *testing.T) {
 	k := store.NewKey("tenant-7", "big")
 	c := &store.Claim{Token: store.Token{1}, Lease: time.Minute, Endpoint: "POST h/big"}
 	mem.Acquire(ctx, k, c)
-	mem.Complete(ctx, k, c.Token, &store.Record{Status: 200, Truncated: true}, time.Hour)
+	mem.Complete(ctx, k, c, &store.Record{Status: 200, Truncated: true}, time.Hour)
 	out = mustCLI(t, "inspect", admin, "--scope", "tenant-7", "--key", "big")
 	wantContains(t, out, "replayable  no (its response was over max_response_body")
 
