@@ -97,9 +97,19 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 // setResult publishes the request's outcome to the access log placeholder
 // and the metrics.
 func (h *Handler) setResult(repl *caddy.Replacer, result string) {
-	repl.Set("http.idempotency.result", result)
+	repl.Set("http.idempotency.result", resultValues[result])
 	h.metrics.result(result)
 }
+
+// resultValues holds each result already boxed for the replacer: boxing a
+// string on every request costs an allocation.
+var resultValues = func() map[string]any {
+	m := make(map[string]any)
+	for _, r := range []string{resultNew, resultReplay, resultConflict, resultMismatch, resultBypass, resultInvalid, resultTooLarge, resultError} {
+		m[r] = r
+	}
+	return m
+}()
 
 // claimed notes a claim that took over a dead owner's: its request may
 // have run, or be running, on the instance that died.
@@ -139,7 +149,9 @@ func (h *Handler) readBody(r *http.Request) (buf *bytes.Buffer, tooLarge bool, e
 	if r.ContentLength > 0 {
 		buf.Grow(int(r.ContentLength))
 	}
-	_, err = buf.ReadFrom(io.LimitReader(r.Body, h.MaxRequestBody+1))
+	body := new(bufferedBody)
+	body.limit = io.LimitedReader{R: r.Body, N: h.MaxRequestBody + 1}
+	_, err = buf.ReadFrom(&body.limit)
 	if err != nil {
 		putBuffer(buf)
 		return nil, false, err
@@ -149,15 +161,19 @@ func (h *Handler) readBody(r *http.Request) (buf *bytes.Buffer, tooLarge bool, e
 		return nil, true, nil
 	}
 	r.Body.Close()
-	body := new(bufferedBody)
+	body.limit = io.LimitedReader{}
 	body.Reset(buf.Bytes())
 	r.Body = body
 	return buf, false, nil
 }
 
-// bufferedBody replays the buffered request body to the next handler; one
-// allocation, where io.NopCloser(bytes.NewReader(...)) takes two.
-type bufferedBody struct{ bytes.Reader }
+// bufferedBody replays the buffered request body to the next handler. It
+// also holds the reader that bounded the read, so that reading and
+// replaying cost one allocation.
+type bufferedBody struct {
+	bytes.Reader
+	limit io.LimitedReader
+}
 
 func (*bufferedBody) Close() error { return nil }
 
@@ -166,24 +182,29 @@ func endpoint(r *http.Request) string {
 	return r.Method + " " + strings.ToLower(r.Host) + r.URL.Path
 }
 
-var digests = sync.Pool{New: func() any { return sha256.New() }}
+// digest is a pooled SHA-256 state with its scratch space: written through
+// the hash.Hash interface, arrays on the stack would escape to the heap.
+type digest struct {
+	hash.Hash
+	n   [8]byte
+	sum [sha256.Size]byte
+}
+
+var digests = sync.Pool{New: func() any { return &digest{Hash: sha256.New()} }}
 
 // fingerprint hashes what the request carries: its query and its body. The
 // query is length-prefixed so no query and body can pass for another pair.
 func fingerprint(query string, body *bytes.Buffer) store.Fingerprint {
-	d := digests.Get().(hash.Hash)
+	d := digests.Get().(*digest)
 	defer digests.Put(d)
 	d.Reset()
-	var n [8]byte
-	binary.BigEndian.PutUint64(n[:], uint64(len(query)))
-	d.Write(n[:])
+	binary.BigEndian.PutUint64(d.n[:], uint64(len(query)))
+	d.Write(d.n[:])
 	io.WriteString(d, query)
 	if body != nil {
 		d.Write(body.Bytes())
 	}
-	var fp store.Fingerprint
-	d.Sum(fp[:0])
-	return fp
+	return store.Fingerprint(d.Sum(d.sum[:0]))
 }
 
 // answerFromRecord answers a request whose key already has a live record.

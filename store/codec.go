@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"net/http"
+	"strings"
 	"time"
 )
 
@@ -74,6 +75,9 @@ func appendString(dst []byte, s string) []byte {
 }
 
 // DecodeRecord decodes what AppendRecord wrote. The returned body aliases b.
+// Replays decode a record on every request, so the strings (endpoint,
+// header names and values) share one allocation, and the header values one
+// slice: four allocations whatever the number of headers.
 func DecodeRecord(b []byte) (*Record, error) {
 	if len(b) < fixedLen || b[0] != magic {
 		return nil, ErrCorrupt
@@ -87,20 +91,18 @@ func DecodeRecord(b []byte) (*Record, error) {
 	rec.CreatedAt = time.Unix(0, int64(binary.BigEndian.Uint64(b[50:58])))
 	rec.Status = int(binary.BigEndian.Uint16(b[58:60]))
 	rec.Truncated = b[60]&flagTruncated != 0
+
+	// Validate, and size the shared string and value slice.
 	d := decoder{b: b[fixedLen:]}
-	rec.Endpoint = d.string()
-	if n := d.count(); n > 0 {
-		rec.Header = make(http.Header, n)
+	text := len(d.bytes())
+	headers := d.count()
+	values := 0
+	for range headers {
+		text += len(d.bytes())
+		n := d.count()
+		values += n
 		for range n {
-			name := d.string()
-			values := make([]string, d.count())
-			for j := range values {
-				values[j] = d.string()
-			}
-			if d.err {
-				break
-			}
-			rec.Header[name] = values
+			text += len(d.bytes())
 		}
 	}
 	if d.err {
@@ -108,6 +110,45 @@ func DecodeRecord(b []byte) (*Record, error) {
 	}
 	if len(d.b) > 0 {
 		rec.Body = d.b
+	}
+
+	// Copy every string into one; the builder was sized to hold them all,
+	// so String does not copy them again.
+	var sb strings.Builder
+	sb.Grow(text)
+	d = decoder{b: b[fixedLen:]}
+	sb.Write(d.bytes())
+	for range d.count() {
+		sb.Write(d.bytes())
+		for range d.count() {
+			sb.Write(d.bytes())
+		}
+	}
+	all := sb.String()
+
+	// Then slice it, walking the same fields again.
+	d = decoder{b: b[fixedLen:]}
+	next := func() string {
+		n := len(d.bytes())
+		s := all[:n]
+		all = all[n:]
+		return s
+	}
+	rec.Endpoint = next()
+	d.count() // headers, read above
+	if headers > 0 {
+		rec.Header = make(http.Header, headers)
+		vals := make([]string, values)
+		for range headers {
+			name := next()
+			n := d.count()
+			vs := vals[:n:n]
+			vals = vals[n:]
+			for j := range vs {
+				vs[j] = next()
+			}
+			rec.Header[name] = vs
+		}
 	}
 	return rec, nil
 }
@@ -143,12 +184,13 @@ func (d *decoder) count() int {
 	return int(v)
 }
 
-func (d *decoder) string() string {
+// bytes reads a length-prefixed field; it aliases the input.
+func (d *decoder) bytes() []byte {
 	n := d.count()
 	if d.err {
-		return ""
+		return nil
 	}
-	s := string(d.b[:n])
+	s := d.b[:n]
 	d.b = d.b[n:]
 	return s
 }

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -300,8 +301,10 @@ func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (*st
 	// and SET NX then finds no key at all. Whether one was ever there, and
 	// in progress, cannot be told.
 	c.TookOver, c.CreatedAt = false, now()
-	val := store.AppendClaim(make([]byte, 0, 128), c, c.CreatedAt)
-	cmd := goredis.NewStringCmd(ctx, "set", s.key(key), val, "nx", "px", millis(c.Lease), "get")
+	buf := getBuffer()
+	defer putBuffer(buf)
+	*buf = store.AppendClaim((*buf)[:0], c, c.CreatedAt)
+	cmd := goredis.NewStringCmd(ctx, "set", s.key(key), *buf, "nx", "px", millis(c.Lease), "get")
 	_ = s.client.Process(ctx, cmd)
 	old, err := cmd.Bytes()
 	if errors.Is(err, goredis.Nil) {
@@ -326,7 +329,9 @@ func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (*st
 func (s *Store) Complete(ctx context.Context, key store.Key, c *store.Claim, rec *store.Record, ttl time.Duration) error {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	val := store.AppendRecord(make([]byte, 0, 128+len(c.Endpoint)+len(rec.Body)), &store.Record{
+	buf := getBuffer()
+	defer putBuffer(buf)
+	*buf = store.AppendRecord((*buf)[:0], &store.Record{
 		State:       store.Completed,
 		Token:       c.Token,
 		Endpoint:    c.Endpoint,
@@ -337,7 +342,7 @@ func (s *Store) Complete(ctx context.Context, key store.Key, c *store.Claim, rec
 		Body:        rec.Body,
 		Truncated:   rec.Truncated,
 	})
-	return s.owned(completeScript.Run(ctx, s.client, []string{s.key(key)}, owner(c.Token), val, millis(ttl)), "completing")
+	return s.owned(completeScript.Run(ctx, s.client, []string{s.key(key)}, owner(c.Token), *buf, millis(ttl)), "completing")
 }
 
 // Release deletes the claim held by token.
@@ -378,6 +383,22 @@ func (s *Store) key(k store.Key) string {
 	b.Write(h[:])
 	b.WriteByte('}')
 	return b.String()
+}
+
+// buffers hold encoded records while go-redis writes them: it is done with
+// its arguments when the call returns.
+var buffers = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
+
+// maxPooledBuffer keeps the odd large response from pinning memory in the
+// pool.
+const maxPooledBuffer = 64 << 10
+
+func getBuffer() *[]byte { return buffers.Get().(*[]byte) }
+
+func putBuffer(b *[]byte) {
+	if cap(*b) <= maxPooledBuffer {
+		buffers.Put(b)
+	}
 }
 
 // owner is the record prefix of a claim held by token.
