@@ -89,9 +89,9 @@ type Store struct {
 	// Resolved at provisioning; the exported fields keep what was written.
 	opts   goredis.UniversalOptions
 	prefix string
-	// callTimeout bounds one store call whatever go-redis does inside it:
-	// on a Cluster a command may be redirected and retried several times,
-	// each attempt with its own timeouts.
+	// callTimeout bounds one store call on a Cluster, where go-redis may
+	// redirect and retry a command several times, each attempt with its own
+	// timeouts; zero elsewhere (see bound).
 	callTimeout time.Duration
 	poolKey     string
 	name        string // in the store registry
@@ -152,7 +152,9 @@ func (s *Store) Provision(ctx caddy.Context) error {
 	if err := s.Validate(); err != nil {
 		return err
 	}
-	s.callTimeout = s.opts.DialTimeout + 2*s.opts.ReadTimeout + s.opts.WriteTimeout
+	if len(s.opts.Addrs) > 1 && s.opts.MasterName == "" {
+		s.callTimeout = s.opts.DialTimeout + 2*s.opts.ReadTimeout + s.opts.WriteTimeout
+	}
 
 	s.poolKey = s.clientKey()
 	val, loaded, err := clients.LoadOrNew(s.poolKey, func() (caddy.Destructor, error) {
@@ -277,15 +279,22 @@ if redis.call('GETRANGE', KEYS[1], 0, 17) ~= ARGV[1] then return 0 end
 return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 `)
 
-// bound gives ctx the store's call deadline, unless it already has one as
-// near (as the handler's calls after a response do): a deadline costs a
-// timer and a context on every call.
+// bound gives ctx the store's call deadline on a Cluster, unless it already
+// has one as near (as lease renewals do). A single node or a Sentinel
+// master needs none: with MaxRetries 1, go-redis makes at most two
+// attempts, each bounded by the pool, dial, write and read timeouts; and a
+// deadline costs a timer and a context on every call.
 func (s *Store) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	if s.callTimeout == 0 {
+		return ctx, noCancel
+	}
 	if d, ok := ctx.Deadline(); ok && time.Until(d) <= s.callTimeout {
-		return ctx, func() {}
+		return ctx, noCancel
 	}
 	return context.WithTimeout(ctx, s.callTimeout)
 }
+
+func noCancel() {}
 
 // now is replaced by tests.
 var now = time.Now
