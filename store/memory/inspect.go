@@ -14,17 +14,22 @@ func name(maxEntries int, maxBytes int64) string {
 	return fmt.Sprintf("memory:%d/%d", maxEntries, maxBytes)
 }
 
-// Lookup returns key's live record, copied, and its expiry.
+// Lookup returns key's live record, decoded, and its expiry.
 func (m *Memory) Lookup(_ context.Context, key store.Key) (*store.Record, time.Time, error) {
 	t := m.tab
 	t.mu.Lock()
-	defer t.mu.Unlock()
-	e := t.live(key, now())
+	e := t.live(key, now().UnixNano())
 	if e == nil {
+		t.mu.Unlock()
 		return nil, time.Time{}, nil
 	}
-	rec := e.rec // Header and Body are never mutated in place
-	return &rec, e.expires, nil
+	blob, expires := e.blob, e.expires
+	t.mu.Unlock()
+	rec, err := store.DecodeRecord(blob)
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	return rec, time.Unix(0, expires), nil
 }
 
 // Delete removes key's record, whoever owns it.
@@ -32,7 +37,7 @@ func (m *Memory) Delete(_ context.Context, key store.Key) (bool, error) {
 	t := m.tab
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	e := t.live(key, now())
+	e := t.live(key, now().UnixNano())
 	if e == nil {
 		return false, nil
 	}
@@ -47,19 +52,34 @@ func (m *Memory) InFlight(_ context.Context, olderThan time.Duration, limit int)
 	if limit <= 0 {
 		return nil, nil
 	}
-	t := m.tab
-	t.mu.Lock()
 	n := now()
-	cutoff := n.Add(-olderThan)
+	out, err := m.tab.claims(n, n.Add(-olderThan))
+	if err != nil {
+		return nil, err
+	}
+	return store.SortEntries(out, limit), nil
+}
+
+// claims lists the live claims made by cutoff. Only claims are decoded, to
+// learn their age: the state byte tells the rest apart.
+func (t *table) claims(n, cutoff time.Time) ([]store.Entry, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	nano := n.UnixNano()
 	var out []store.Entry
 	for k, e := range t.entries {
-		if e.rec.State != store.InProgress || !n.Before(e.expires) || e.rec.CreatedAt.After(cutoff) {
+		if e.state() != store.InProgress || nano >= e.expires {
 			continue
 		}
-		out = append(out, store.Entry{Key: k, Summary: store.Summarize(&e.rec), ExpiresAt: e.expires})
+		rec, err := store.DecodeRecord(e.blob)
+		if err != nil {
+			return nil, err
+		}
+		if !rec.CreatedAt.After(cutoff) {
+			out = append(out, store.Entry{Key: k, Summary: store.Summarize(rec), ExpiresAt: time.Unix(0, e.expires)})
+		}
 	}
-	t.mu.Unlock()
-	return store.SortEntries(out, limit), nil
+	return out, nil
 }
 
 var _ store.Inspector = (*Memory)(nil)

@@ -67,7 +67,7 @@ func TestInFlightOldestFirst(t *testing.T) {
 	if len(got) != 2 || got[0].Key != keys[0] || got[1].Key != keys[1] {
 		t.Fatalf("InFlight(7m, 2) = %v, want the 2 oldest claims", got)
 	}
-	if got[0].ExpiresAt != base.Add(time.Hour) {
+	if !got[0].ExpiresAt.Equal(base.Add(time.Hour)) {
 		t.Fatalf("listed expiry %v, want %v", got[0].ExpiresAt, base.Add(time.Hour))
 	}
 }

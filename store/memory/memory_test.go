@@ -14,7 +14,7 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/store/storetest"
 )
 
-func open(t *testing.T, m *Memory) *Memory {
+func open(t testing.TB, m *Memory) *Memory {
 	t.Helper()
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 	t.Cleanup(cancel)
@@ -109,7 +109,7 @@ func TestSweepDropsExpired(t *testing.T) {
 	m.Complete(ctx, k, c, &store.Record{Status: 200, Body: []byte("x")}, time.Millisecond)
 	time.Sleep(5 * time.Millisecond)
 	m.tab.mu.Lock()
-	e := m.tab.live(k, now())
+	e := m.tab.live(k, now().UnixNano())
 	n, b := len(m.tab.entries), m.tab.bytes
 	m.tab.mu.Unlock()
 	if e != nil || n != 0 || b != 0 {

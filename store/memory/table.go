@@ -1,8 +1,8 @@
 package memory
 
 import (
-	"container/list"
 	"fmt"
+	"math/bits"
 	"sync"
 	"time"
 
@@ -15,28 +15,45 @@ var now = time.Now
 var errFull = fmt.Errorf("%w: memory store is full of in-flight claims", store.ErrUnavailable)
 
 // table is the map shared by every config that uses the same limits.
+//
+// It may hold a hundred thousand records for as long as their TTL, and the
+// GC marks everything they point to on every cycle. So a record is kept in
+// the shared codec's encoding, one pointer-free blob the GC never scans,
+// and an entry holds just three pointers: the blob and its links in the
+// eviction list.
 type table struct {
-	mu         sync.Mutex
-	entries    map[store.Key]*entry
-	completed  *list.List // of *entry, oldest completion first: the eviction order
-	bytes      int64
-	maxEntries int
-	maxBytes   int64
-	stop       chan struct{}
+	mu      sync.Mutex
+	entries map[store.Key]*entry
+	// oldest and newest are the ends of the list of completed entries, in
+	// order of completion: the eviction order. Claims are not in it.
+	oldest, newest *entry
+	bytes          int64
+	maxEntries     int
+	maxBytes       int64
+	stop           chan struct{}
 }
 
 type entry struct {
-	key     store.Key
-	rec     store.Record
-	expires time.Time
-	size    int64
-	elem    *list.Element // in table.completed, once completed
+	key store.Key
+	// blob is the encoded record. It is never written once built (a new
+	// blob replaces it), so records decoded from it may alias it, and it
+	// may be decoded outside the lock.
+	blob []byte
+	// expires is the end of the lease or TTL, in Unix nanoseconds: a
+	// time.Time would hold a *Location for the GC to follow.
+	expires    int64
+	size       int64
+	prev, next *entry // in the eviction list, once completed
 }
+
+// The codec puts the state at byte 1 and the owner token at TokenOffset, so
+// ownership is checked without decoding, as the Redis store's scripts do.
+func (e *entry) state() store.State { return store.State(e.blob[1]) }
+func (e *entry) token() store.Token { return store.Token(e.blob[store.TokenOffset:]) }
 
 func newTable(maxEntries int, maxBytes int64) *table {
 	t := &table{
 		entries:    make(map[store.Key]*entry),
-		completed:  list.New(),
 		maxEntries: maxEntries,
 		maxBytes:   maxBytes,
 		stop:       make(chan struct{}),
@@ -60,9 +77,9 @@ func (t *table) sweep() {
 			return
 		case <-tick.C:
 			t.mu.Lock()
-			n := now()
+			n := now().UnixNano()
 			for _, e := range t.entries {
-				if !n.Before(e.expires) {
+				if n >= e.expires {
 					t.remove(e)
 				}
 			}
@@ -72,9 +89,9 @@ func (t *table) sweep() {
 }
 
 // live returns the unexpired entry for k, dropping an expired one.
-func (t *table) live(k store.Key, n time.Time) *entry {
+func (t *table) live(k store.Key, n int64) *entry {
 	e := t.entries[k]
-	if e != nil && !n.Before(e.expires) {
+	if e != nil && n >= e.expires {
 		t.remove(e)
 		return nil
 	}
@@ -83,16 +100,46 @@ func (t *table) live(k store.Key, n time.Time) *entry {
 
 func (t *table) remove(e *entry) {
 	delete(t.entries, e.key)
-	if e.elem != nil {
-		t.completed.Remove(e.elem)
+	if e.state() == store.Completed {
+		t.unlink(e)
 	}
 	t.bytes -= e.size
 }
 
+// insert adds e, sized for its blob, to the table.
+func (t *table) insert(e *entry) {
+	e.size = int64(len(e.blob) + entryOverhead)
+	t.entries[e.key] = e
+	t.bytes += e.size
+	if e.state() == store.Completed {
+		e.prev, e.next = t.newest, nil
+		if t.newest != nil {
+			t.newest.next = e
+		} else {
+			t.oldest = e
+		}
+		t.newest = e
+	}
+}
+
+func (t *table) unlink(e *entry) {
+	if e.prev != nil {
+		e.prev.next = e.next
+	} else {
+		t.oldest = e.next
+	}
+	if e.next != nil {
+		e.next.prev = e.prev
+	} else {
+		t.newest = e.prev
+	}
+	e.prev, e.next = nil, nil
+}
+
 // owned returns k's in-progress entry if tok holds it.
-func (t *table) owned(k store.Key, tok store.Token, n time.Time) (*entry, error) {
+func (t *table) owned(k store.Key, tok store.Token, n int64) (*entry, error) {
 	e := t.live(k, n)
-	if e == nil || e.rec.State != store.InProgress || e.rec.Token != tok {
+	if e == nil || e.state() != store.InProgress || e.token() != tok {
 		return nil, store.ErrNotOwner
 	}
 	return e, nil
@@ -103,93 +150,83 @@ func (t *table) owned(k store.Key, tok store.Token, n time.Time) (*entry, error)
 // would let a duplicate run while its owner still runs.
 func (t *table) makeRoom(need int64) error {
 	for len(t.entries) >= t.maxEntries || t.bytes+need > t.maxBytes {
-		front := t.completed.Front()
-		if front == nil {
+		if t.oldest == nil {
 			return errFull
 		}
-		t.remove(front.Value.(*entry))
+		t.remove(t.oldest)
 	}
 	return nil
 }
 
 func (t *table) acquire(k store.Key, c *store.Claim) (*store.Record, error) {
+	found, err := t.claim(k, c)
+	if found == nil || err != nil {
+		return nil, err
+	}
+	return store.DecodeRecord(found)
+}
+
+// claim records c's claim unless k has a live record, whose blob it returns
+// for the caller to decode once the lock is released.
+func (t *table) claim(k store.Key, c *store.Claim) ([]byte, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	n := now()
+	nano := n.UnixNano()
 	c.TookOver = false
 	// An expired claim still here (the sweeper has not dropped it yet) is a
 	// dead owner's: claiming the key now takes it over.
 	old := t.entries[k]
-	dead := old != nil && !n.Before(old.expires) && old.rec.State == store.InProgress
-	if e := t.live(k, n); e != nil {
-		rec := e.rec // the caller gets a copy; Header and Body are never mutated
-		return &rec, nil
+	dead := old != nil && nano >= old.expires && old.state() == store.InProgress
+	if e := t.live(k, nano); e != nil {
+		return e.blob, nil
 	}
-	size := int64(entryOverhead + len(c.Endpoint))
-	if err := t.makeRoom(size); err != nil {
+	blob := store.AppendClaim(make([]byte, 0, encodedLen(c.Endpoint, nil)), c, n)
+	if err := t.makeRoom(int64(len(blob) + entryOverhead)); err != nil {
 		return nil, err
 	}
-	e := &entry{
-		key: k,
-		rec: store.Record{
-			State:       store.InProgress,
-			Token:       c.Token,
-			Endpoint:    c.Endpoint,
-			Fingerprint: c.Fingerprint,
-			CreatedAt:   n,
-		},
-		expires: n.Add(c.Lease),
-		size:    size,
-	}
-	t.entries[k] = e
-	t.bytes += size
+	t.insert(&entry{key: k, blob: blob, expires: n.Add(c.Lease).UnixNano()})
 	c.TookOver, c.CreatedAt = dead, n
 	return nil, nil
 }
 
-func (t *table) complete(k store.Key, tok store.Token, rec *store.Record, ttl time.Duration) error {
+func (t *table) complete(k store.Key, c *store.Claim, rec *store.Record, ttl time.Duration) error {
+	// The record is encoded before taking the lock: it needs nothing from
+	// the table, since the claim carries the binding Acquire stored.
+	done := &store.Record{
+		State:       store.Completed,
+		Token:       c.Token,
+		Endpoint:    c.Endpoint,
+		Fingerprint: c.Fingerprint,
+		CreatedAt:   c.CreatedAt,
+		Status:      rec.Status,
+		Header:      rec.Header,
+		Body:        rec.Body,
+		Truncated:   rec.Truncated,
+	}
+	blob := store.AppendRecord(make([]byte, 0, encodedLen(c.Endpoint, rec)), done)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	n := now()
-	e, err := t.owned(k, tok, n)
+	e, err := t.owned(k, c.Token, n.UnixNano())
 	if err != nil {
 		return err
 	}
-	size := recordSize(e.rec.Endpoint, rec)
 	// Room is made with the claim itself out of the way, so a response too
 	// big for the whole table evicts others rather than failing forever.
 	t.remove(e)
-	if err := t.makeRoom(size); err != nil {
+	if err := t.makeRoom(int64(len(blob) + entryOverhead)); err != nil {
 		return err
 	}
-	e.rec.State = store.Completed
-	e.rec.Status = rec.Status
-	e.rec.Header = rec.Header.Clone()
-	e.rec.Body = append([]byte(nil), rec.Body...)
-	e.rec.Truncated = rec.Truncated
-	e.expires = n.Add(ttl)
-	e.size = size
-	e.elem = t.completed.PushBack(e)
-	t.entries[k] = e
-	t.bytes += size
+	e.blob, e.expires = blob, n.Add(ttl).UnixNano()
+	t.insert(e)
 	return nil
-}
-
-func recordSize(endpoint string, rec *store.Record) int64 {
-	size := int64(entryOverhead + len(endpoint) + len(rec.Body))
-	for name, values := range rec.Header {
-		size += int64(len(name))
-		for _, v := range values {
-			size += int64(len(v) + 16)
-		}
-	}
-	return size
 }
 
 func (t *table) release(k store.Key, tok store.Token) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	e, err := t.owned(k, tok, now())
+	e, err := t.owned(k, tok, now().UnixNano())
 	if err != nil {
 		return err
 	}
@@ -201,10 +238,37 @@ func (t *table) renew(k store.Key, tok store.Token, lease time.Duration) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	n := now()
-	e, err := t.owned(k, tok, n)
+	e, err := t.owned(k, tok, n.UnixNano())
 	if err != nil {
 		return err
 	}
-	e.expires = n.Add(lease)
+	e.expires = n.Add(lease).UnixNano()
 	return nil
 }
+
+// fixedLen is the length of the codec's fixed fields: the encoding of an
+// empty record less its endpoint length and header count, one byte each.
+var fixedLen = len(store.AppendRecord(nil, &store.Record{})) - 2
+
+// encodedLen is the length of the encoding of a record with endpoint and
+// the response in rec (nil for a claim), so that its blob is allocated
+// once, at its size, rather than grown by doubling as it is appended to.
+func encodedLen(endpoint string, rec *store.Record) int {
+	n := fixedLen + prefixed(len(endpoint))
+	if rec == nil {
+		return n + uvarintLen(0)
+	}
+	n += uvarintLen(len(rec.Header)) + len(rec.Body)
+	for name, values := range rec.Header {
+		n += prefixed(len(name)) + uvarintLen(len(values))
+		for _, v := range values {
+			n += prefixed(len(v))
+		}
+	}
+	return n
+}
+
+// prefixed is the length of a uvarint-prefixed string of n bytes.
+func prefixed(n int) int { return uvarintLen(n) + n }
+
+func uvarintLen(n int) int { return (bits.Len64(uint64(n)|1) + 6) / 7 }

@@ -1,0 +1,182 @@
+package memory
+
+import (
+	"bytes"
+	"context"
+	"net/http"
+	"reflect"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/caddy-idempotency/caddy-idempotency/store"
+	"github.com/caddy-idempotency/caddy-idempotency/store/storetest"
+)
+
+// pointers counts the words of t that the GC must scan.
+func pointers(t reflect.Type) int {
+	switch t.Kind() {
+	case reflect.Pointer, reflect.Slice, reflect.String, reflect.Map, reflect.Chan, reflect.Func, reflect.UnsafePointer:
+		return 1
+	case reflect.Interface:
+		return 2
+	case reflect.Array:
+		return t.Len() * pointers(t.Elem())
+	case reflect.Struct:
+		n := 0
+		for i := range t.NumField() {
+			n += pointers(t.Field(i).Type)
+		}
+		return n
+	}
+	return 0
+}
+
+// The point of the entry's layout: per record the GC follows the blob,
+// which it does not scan, and the two list links. A time.Time, a string or
+// a header map here would bring back a pointer chase per record per cycle.
+func TestEntryIsNearlyPointerFree(t *testing.T) {
+	if n := pointers(reflect.TypeFor[entry]()); n != 3 {
+		t.Fatalf("entry holds %d pointers, want 3 (blob, prev, next)", n)
+	}
+	if pointers(reflect.TypeFor[entry]().Field(1).Type.Elem()) != 0 {
+		t.Fatal("the blob's elements hold pointers")
+	}
+}
+
+func TestEncodedLen(t *testing.T) {
+	long := string(make([]byte, 300)) // a two-byte length prefix
+	for _, rec := range []*store.Record{
+		{Endpoint: "POST a/b"},
+		{Endpoint: long, Status: 201, Body: []byte("{}"), Header: http.Header{
+			"Content-Type": {"application/json"},
+			"Set-Cookie":   {"a=1", long, ""},
+			"X-Empty":      {},
+		}},
+	} {
+		want := len(store.AppendRecord(nil, rec))
+		resp := rec
+		if rec.Header == nil {
+			resp = nil // a claim
+		}
+		if got := encodedLen(rec.Endpoint, resp); got != want {
+			t.Errorf("encodedLen = %d, want %d", got, want)
+		}
+	}
+}
+
+// acquire claims a new key for a claim on endpoint, failing t if it cannot.
+func acquire(t *testing.T, m *Memory, endpoint string) (store.Key, *store.Claim) {
+	t.Helper()
+	k := storetest.NewKey()
+	c := &store.Claim{Token: storetest.NewToken(), Endpoint: endpoint, Fingerprint: store.Fingerprint{7}, Lease: time.Minute}
+	if rec, err := m.Acquire(context.Background(), k, c); rec != nil || err != nil {
+		t.Fatalf("Acquire = %v, %v", rec, err)
+	}
+	return k, c
+}
+
+// After many completions of different sizes, with claims among them, the
+// eviction list holds exactly the completed records in completion order,
+// the byte count is the sum of what the entries account for, and no claim
+// was evicted.
+func TestEvictionOrderAndAccounting(t *testing.T) {
+	m := open(t, &Memory{MaxEntries: 50, MaxBytes: 40_000})
+	ctx := context.Background()
+	var completed []store.Key // in completion order
+	var claims []store.Key
+	for i := range 400 {
+		k, c := acquire(t, m, "POST /orders/"+strconv.Itoa(i))
+		if i%40 == 0 {
+			claims = append(claims, k) // left in flight
+			continue
+		}
+		rec := &store.Record{Status: 201, Body: make([]byte, i%7*100), Header: http.Header{"X-N": {strconv.Itoa(i)}}}
+		if err := m.Complete(ctx, k, c, rec, time.Hour); err != nil {
+			t.Fatalf("Complete %d: %v", i, err)
+		}
+		completed = append(completed, k)
+	}
+
+	tab := m.tab
+	var bytes int64
+	inProgress := 0
+	for k, e := range tab.entries {
+		if e.key != k {
+			t.Fatalf("entry under %v has key %v", k, e.key)
+		}
+		if e.size != int64(len(e.blob)+entryOverhead) {
+			t.Fatalf("entry accounts %d bytes for a %d-byte blob", e.size, len(e.blob))
+		}
+		if cap(e.blob) != len(e.blob) {
+			t.Fatalf("blob of %d bytes has capacity %d", len(e.blob), cap(e.blob))
+		}
+		bytes += e.size
+		if e.state() == store.InProgress {
+			inProgress++
+		}
+	}
+	if bytes != tab.bytes {
+		t.Fatalf("table counts %d bytes, its entries %d", tab.bytes, bytes)
+	}
+	if len(tab.entries) > 50 || tab.bytes > 40_000 {
+		t.Fatalf("%d entries of %d bytes, over the bounds", len(tab.entries), tab.bytes)
+	}
+	for _, k := range claims {
+		if e := tab.entries[k]; e == nil || e.state() != store.InProgress {
+			t.Fatal("a claim in flight was evicted")
+		}
+	}
+
+	// The list, walked both ways, is the newest completions in order.
+	var listed []store.Key
+	for e := tab.oldest; e != nil; e = e.next {
+		if e.next == nil && e != tab.newest || e.next != nil && e.next.prev != e {
+			t.Fatal("the eviction list's links disagree")
+		}
+		listed = append(listed, e.key)
+	}
+	if len(listed)+inProgress != len(tab.entries) {
+		t.Fatalf("%d records listed and %d claims, but %d entries", len(listed), inProgress, len(tab.entries))
+	}
+	want := completed[len(completed)-len(listed):]
+	for i := range listed {
+		if listed[i] != want[i] {
+			t.Fatalf("eviction list position %d holds the wrong record: not oldest first", i)
+		}
+	}
+}
+
+// A replay is the response as it was completed, whatever the caller did
+// to its own header map and body afterwards: the blob holds a copy.
+func TestReplayIsExact(t *testing.T) {
+	m := open(t, &Memory{})
+	ctx := context.Background()
+	k, c := acquire(t, m, "POST api.example.com/orders")
+	hdr := http.Header{
+		"Content-Type": {"application/json"},
+		"Set-Cookie":   {"a=1", "b=2"},
+		"X-Empty":      {""},
+	}
+	body := []byte(`{"id":1}`)
+	if err := m.Complete(ctx, k, c, &store.Record{Status: 201, Header: hdr, Body: body}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	want := hdr.Clone()
+	hdr["Content-Type"][0] = "text/plain"
+	hdr.Del("Set-Cookie")
+	body[0] = 'X'
+
+	got, err := m.Acquire(ctx, k, &store.Claim{Token: storetest.NewToken(), Lease: time.Minute})
+	if err != nil || got == nil {
+		t.Fatalf("Acquire = %v, %v; want the record", got, err)
+	}
+	if got.State != store.Completed || got.Status != 201 || got.Truncated ||
+		got.Token != c.Token || got.Endpoint != c.Endpoint || got.Fingerprint != c.Fingerprint ||
+		!got.CreatedAt.Equal(c.CreatedAt) {
+		t.Fatalf("replayed record %+v does not match the claim %+v", got, c)
+	}
+	if !reflect.DeepEqual(got.Header, want) || !bytes.Equal(got.Body, []byte(`{"id":1}`)) {
+		t.Fatalf("replayed %v %q, want %v %q", got.Header, got.Body, want, `{"id":1}`)
+	}
+}
