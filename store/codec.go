@@ -3,6 +3,7 @@ package store
 import (
 	"encoding/binary"
 	"errors"
+	"math/bits"
 	"net/http"
 	"strings"
 	"time"
@@ -58,9 +59,11 @@ func AppendRecord(dst []byte, rec *Record) []byte {
 	return append(dst, rec.Body...)
 }
 
-// AppendClaim appends the encoding of the in-progress record for c.
+// AppendClaim appends the encoding of the in-progress record for c, claimed
+// at now. Like AppendCompleted, it grows dst to the exact size first, so
+// that a record kept as its encoding wastes no capacity.
 func AppendClaim(dst []byte, c *Claim, now time.Time) []byte {
-	return AppendRecord(dst, &Record{
+	return AppendRecord(grow(dst, encodedLen(c.Endpoint, nil)), &Record{
 		State:       InProgress,
 		Token:       c.Token,
 		Endpoint:    c.Endpoint,
@@ -68,6 +71,54 @@ func AppendClaim(dst []byte, c *Claim, now time.Time) []byte {
 		CreatedAt:   now,
 	})
 }
+
+// AppendCompleted appends the encoding of the completed record that
+// replaces the claim c: c's binding (token, endpoint, fingerprint, creation
+// time) with the response in rec (Status, Header, Body, Truncated).
+func AppendCompleted(dst []byte, c *Claim, rec *Record) []byte {
+	return AppendRecord(grow(dst, encodedLen(c.Endpoint, rec)), &Record{
+		State:       Completed,
+		Token:       c.Token,
+		Endpoint:    c.Endpoint,
+		Fingerprint: c.Fingerprint,
+		CreatedAt:   c.CreatedAt,
+		Status:      rec.Status,
+		Header:      rec.Header,
+		Body:        rec.Body,
+		Truncated:   rec.Truncated,
+	})
+}
+
+// grow makes room for n more bytes in dst, allocating exactly that much when
+// it must.
+func grow(dst []byte, n int) []byte {
+	if cap(dst)-len(dst) >= n {
+		return dst
+	}
+	return append(make([]byte, 0, len(dst)+n), dst...)
+}
+
+// encodedLen is the length of the encoding of a record with endpoint and
+// the response in rec (nil for a claim).
+func encodedLen(endpoint string, rec *Record) int {
+	n := fixedLen + prefixed(len(endpoint))
+	if rec == nil {
+		return n + uvarintLen(0)
+	}
+	n += uvarintLen(len(rec.Header)) + len(rec.Body)
+	for name, values := range rec.Header {
+		n += prefixed(len(name)) + uvarintLen(len(values))
+		for _, v := range values {
+			n += prefixed(len(v))
+		}
+	}
+	return n
+}
+
+// prefixed is the length of a uvarint-prefixed string of n bytes.
+func prefixed(n int) int { return uvarintLen(n) + n }
+
+func uvarintLen(n int) int { return (bits.Len64(uint64(n)|1) + 6) / 7 }
 
 func appendString(dst []byte, s string) []byte {
 	dst = binary.AppendUvarint(dst, uint64(len(s)))

@@ -80,3 +80,33 @@ func FuzzDecodeRecord(f *testing.F) {
 		}
 	})
 }
+
+// Records kept as their encoding (the memory store) are allocated at their
+// exact size: AppendClaim and AppendCompleted size what they grow.
+func TestAppendClaimAndCompletedAreExact(t *testing.T) {
+	long := string(make([]byte, 300)) // a two-byte length prefix
+	c := &Claim{Token: Token{1}, Endpoint: long, Fingerprint: Fingerprint{2}, CreatedAt: time.Unix(3, 0)}
+	resp := &Record{Status: 201, Body: []byte("{}"), Truncated: true, Header: http.Header{
+		"Content-Type": {"application/json"},
+		"Set-Cookie":   {"a=1", long, ""},
+		"X-Empty":      {},
+	}}
+	claim := AppendClaim(nil, c, c.CreatedAt)
+	want := AppendRecord(nil, &Record{State: InProgress, Token: c.Token, Endpoint: c.Endpoint,
+		Fingerprint: c.Fingerprint, CreatedAt: c.CreatedAt})
+	if !bytes.Equal(claim, want) || cap(claim) != len(claim) {
+		t.Errorf("AppendClaim: %d bytes (cap %d), want the %d of AppendRecord exactly", len(claim), cap(claim), len(want))
+	}
+	done := AppendCompleted([]byte("prefix"), c, resp)
+	want = AppendRecord([]byte("prefix"), &Record{State: Completed, Token: c.Token, Endpoint: c.Endpoint,
+		Fingerprint: c.Fingerprint, CreatedAt: c.CreatedAt, Status: 201, Header: resp.Header, Body: resp.Body, Truncated: true})
+	if cap(done) != len(done) || len(done) != len(want) {
+		t.Errorf("AppendCompleted: %d bytes (cap %d), want %d exactly", len(done), cap(done), len(want))
+	}
+	got, err := DecodeRecord(done[len("prefix"):])
+	if err != nil || got.State != Completed || got.Token != c.Token || got.Endpoint != long || got.Fingerprint != c.Fingerprint ||
+		!got.CreatedAt.Equal(c.CreatedAt) || got.Status != 201 || !got.Truncated || string(got.Body) != "{}" ||
+		len(got.Header) != 3 || got.Header["Set-Cookie"][1] != long || len(got.Header["X-Empty"]) != 0 {
+		t.Fatalf("AppendCompleted decodes to %+v, %v", got, err)
+	}
+}

@@ -40,9 +40,10 @@ func ownedBy(v []byte, token store.Token, t time.Time) bool {
 		v[expiryLen+1] == byte(store.InProgress) && bytes.Equal(v[tokenOffset:ownerEnd], token[:])
 }
 
-func appendValue(dst []byte, expires time.Time, rec *store.Record) []byte {
-	dst = binary.BigEndian.AppendUint64(dst, uint64(expires.UnixNano()))
-	return store.AppendRecord(dst, rec)
+// expiry starts a value: the big-endian Unix nanoseconds at which it
+// expires, to which the record's encoding is appended.
+func expiry(at time.Time) []byte {
+	return binary.BigEndian.AppendUint64(make([]byte, 0, expiryLen), uint64(at.UnixNano()))
 }
 
 // deadClaim reports whether v is an in-progress claim whose lease has
@@ -98,13 +99,7 @@ func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (*st
 			return err
 		}
 		tookOver, created = deadClaim(b.Get(key[:]), t), t
-		return b.Put(key[:], appendValue(make([]byte, 0, 128), t.Add(c.Lease), &store.Record{
-			State:       store.InProgress,
-			Token:       c.Token,
-			Endpoint:    c.Endpoint,
-			Fingerprint: c.Fingerprint,
-			CreatedAt:   t,
-		}))
+		return b.Put(key[:], store.AppendClaim(expiry(t.Add(c.Lease)), c, t))
 	})
 	if err != nil {
 		return nil, unavailable("acquiring", err)
@@ -118,18 +113,7 @@ func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (*st
 // Complete replaces the claim c with rec, kept for ttl, under c's binding.
 func (s *Store) Complete(ctx context.Context, key store.Key, c *store.Claim, rec *store.Record, ttl time.Duration) error {
 	return s.update(ctx, "completing", key, c.Token, func(b *bolt.Bucket, _ []byte, t time.Time) error {
-		done := &store.Record{
-			State:       store.Completed,
-			Token:       c.Token,
-			Endpoint:    c.Endpoint,
-			Fingerprint: c.Fingerprint,
-			CreatedAt:   c.CreatedAt,
-			Status:      rec.Status,
-			Header:      rec.Header,
-			Body:        rec.Body,
-			Truncated:   rec.Truncated,
-		}
-		return b.Put(key[:], appendValue(make([]byte, 0, 256+len(rec.Body)), t.Add(ttl), done))
+		return b.Put(key[:], store.AppendCompleted(expiry(t.Add(ttl)), c, rec))
 	})
 }
 

@@ -2,7 +2,6 @@ package memory
 
 import (
 	"fmt"
-	"math/bits"
 	"sync"
 	"time"
 
@@ -181,7 +180,7 @@ func (t *table) claim(k store.Key, c *store.Claim) ([]byte, error) {
 	if e := t.live(k, nano); e != nil {
 		return e.blob, nil
 	}
-	blob := store.AppendClaim(make([]byte, 0, encodedLen(c.Endpoint, nil)), c, n)
+	blob := store.AppendClaim(nil, c, n)
 	if err := t.makeRoom(int64(len(blob) + entryOverhead)); err != nil {
 		return nil, err
 	}
@@ -193,18 +192,7 @@ func (t *table) claim(k store.Key, c *store.Claim) ([]byte, error) {
 func (t *table) complete(k store.Key, c *store.Claim, rec *store.Record, ttl time.Duration) error {
 	// The record is encoded before taking the lock: it needs nothing from
 	// the table, since the claim carries the binding Acquire stored.
-	done := &store.Record{
-		State:       store.Completed,
-		Token:       c.Token,
-		Endpoint:    c.Endpoint,
-		Fingerprint: c.Fingerprint,
-		CreatedAt:   c.CreatedAt,
-		Status:      rec.Status,
-		Header:      rec.Header,
-		Body:        rec.Body,
-		Truncated:   rec.Truncated,
-	}
-	blob := store.AppendRecord(make([]byte, 0, encodedLen(c.Endpoint, rec)), done)
+	blob := store.AppendCompleted(nil, c, rec)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	n := now()
@@ -245,30 +233,3 @@ func (t *table) renew(k store.Key, tok store.Token, lease time.Duration) error {
 	e.expires = n.Add(lease).UnixNano()
 	return nil
 }
-
-// fixedLen is the length of the codec's fixed fields: the encoding of an
-// empty record less its endpoint length and header count, one byte each.
-var fixedLen = len(store.AppendRecord(nil, &store.Record{})) - 2
-
-// encodedLen is the length of the encoding of a record with endpoint and
-// the response in rec (nil for a claim), so that its blob is allocated
-// once, at its size, rather than grown by doubling as it is appended to.
-func encodedLen(endpoint string, rec *store.Record) int {
-	n := fixedLen + prefixed(len(endpoint))
-	if rec == nil {
-		return n + uvarintLen(0)
-	}
-	n += uvarintLen(len(rec.Header)) + len(rec.Body)
-	for name, values := range rec.Header {
-		n += prefixed(len(name)) + uvarintLen(len(values))
-		for _, v := range values {
-			n += prefixed(len(v))
-		}
-	}
-	return n
-}
-
-// prefixed is the length of a uvarint-prefixed string of n bytes.
-func prefixed(n int) int { return uvarintLen(n) + n }
-
-func uvarintLen(n int) int { return (bits.Len64(uint64(n)|1) + 6) / 7 }

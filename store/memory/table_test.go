@@ -44,27 +44,6 @@ func TestEntryIsNearlyPointerFree(t *testing.T) {
 	}
 }
 
-func TestEncodedLen(t *testing.T) {
-	long := string(make([]byte, 300)) // a two-byte length prefix
-	for _, rec := range []*store.Record{
-		{Endpoint: "POST a/b"},
-		{Endpoint: long, Status: 201, Body: []byte("{}"), Header: http.Header{
-			"Content-Type": {"application/json"},
-			"Set-Cookie":   {"a=1", long, ""},
-			"X-Empty":      {},
-		}},
-	} {
-		want := len(store.AppendRecord(nil, rec))
-		resp := rec
-		if rec.Header == nil {
-			resp = nil // a claim
-		}
-		if got := encodedLen(rec.Endpoint, resp); got != want {
-			t.Errorf("encodedLen = %d, want %d", got, want)
-		}
-	}
-}
-
 // acquire claims a new key for a claim on endpoint, failing t if it cannot.
 func acquire(t *testing.T, m *Memory, endpoint string) (store.Key, *store.Claim) {
 	t.Helper()

@@ -340,17 +340,7 @@ func (s *Store) Complete(ctx context.Context, key store.Key, c *store.Claim, rec
 	defer cancel()
 	buf := getBuffer()
 	defer putBuffer(buf)
-	*buf = store.AppendRecord((*buf)[:0], &store.Record{
-		State:       store.Completed,
-		Token:       c.Token,
-		Endpoint:    c.Endpoint,
-		Fingerprint: c.Fingerprint,
-		CreatedAt:   c.CreatedAt,
-		Status:      rec.Status,
-		Header:      rec.Header,
-		Body:        rec.Body,
-		Truncated:   rec.Truncated,
-	})
+	*buf = store.AppendCompleted((*buf)[:0], c, rec)
 	return s.owned(completeScript.Run(ctx, s.client, []string{s.key(key)}, owner(c.Token), *buf, millis(ttl)), "completing")
 }
 
