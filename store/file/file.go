@@ -167,6 +167,7 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 // uses it.
 type database struct {
 	*bolt.DB
+	writes   groupCommit // the store's writes; the sweeper and the admin API use Update
 	logger   *zap.Logger
 	interval time.Duration
 	stop     context.CancelFunc
@@ -191,7 +192,7 @@ func openDatabase(path string, logger *zap.Logger) (*database, error) {
 		return nil, fmt.Errorf("creating bucket in %s: %w", path, err)
 	}
 	ctx, stop := context.WithCancel(context.Background())
-	d := &database{DB: db, logger: logger, interval: sweepInterval, stop: stop, done: make(chan struct{})}
+	d := &database{DB: db, writes: groupCommit{db: db}, logger: logger, interval: sweepInterval, stop: stop, done: make(chan struct{})}
 	go d.run(ctx)
 	return d, nil
 }

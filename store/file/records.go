@@ -91,7 +91,7 @@ func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (*st
 		tookOver bool
 		created  time.Time
 	)
-	err = s.db.Update(func(tx *bolt.Tx) error {
+	err = s.db.writes.update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(records)
 		t := now()
 		var err error
@@ -141,7 +141,7 @@ func (s *Store) update(ctx context.Context, op string, key store.Key, token stor
 	if err := ctx.Err(); err != nil {
 		return unavailable(op, err)
 	}
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.db.writes.update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(records)
 		v, t := b.Get(key[:]), now()
 		if !ownedBy(v, token, t) {

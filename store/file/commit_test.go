@@ -1,0 +1,135 @@
+package file
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/caddy-idempotency/caddy-idempotency/store"
+	"github.com/caddy-idempotency/caddy-idempotency/store/storetest"
+)
+
+func openBolt(t *testing.T) *bolt.DB {
+	t.Helper()
+	db, err := bolt.Open(filepath.Join(t.TempDir(), "g.db"), 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	if err := db.Update(func(tx *bolt.Tx) error { _, err := tx.CreateBucket(records); return err }); err != nil {
+		t.Fatal(err)
+	}
+	return db
+}
+
+// Concurrent writers share transactions (so syncs), each write lands, and a
+// writer's failure is its own: the others in its transaction commit.
+func TestGroupCommitSharesTransactionsAndIsolatesErrors(t *testing.T) {
+	db := openBolt(t)
+	g := &groupCommit{db: db}
+	const writers = 64
+	errRefused := errors.New("refused")
+	var (
+		mu  sync.Mutex
+		txs = map[int]int{} // transaction ID -> writers in it
+		wg  sync.WaitGroup
+	)
+	errs := make([]error, writers)
+	for i := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = g.update(func(tx *bolt.Tx) error {
+				mu.Lock()
+				txs[tx.ID()]++
+				mu.Unlock()
+				if i%8 == 0 {
+					return errRefused // before writing, as the owner checks do
+				}
+				return tx.Bucket(records).Put([]byte(fmt.Sprint(i)), []byte("v"))
+			})
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if want := error(nil); i%8 == 0 {
+			if !errors.Is(err, errRefused) {
+				t.Errorf("writer %d: %v, want its own error", i, err)
+			}
+		} else if err != want {
+			t.Errorf("writer %d: %v", i, err)
+		}
+	}
+	db.View(func(tx *bolt.Tx) error {
+		for i := range writers {
+			if got := tx.Bucket(records).Get([]byte(fmt.Sprint(i))); (got != nil) == (i%8 == 0) {
+				t.Errorf("key %d: %q after the commits", i, got)
+			}
+		}
+		return nil
+	})
+	if len(txs) >= writers {
+		t.Errorf("%d writers used %d transactions: none was shared", writers, len(txs))
+	}
+	t.Logf("%d writers committed in %d transactions", writers, len(txs))
+	if g.running || len(g.queue) != 0 {
+		t.Errorf("after the writers: running %t, %d queued", g.running, len(g.queue))
+	}
+}
+
+// Writes to one key in one shared transaction apply in order, as serial
+// transactions would: only one of many concurrent claims of a key wins.
+func TestGroupCommitOneClaimWins(t *testing.T) {
+	s := provision(t, &Store{Path: t.TempDir()})
+	k := storetest.NewKey()
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		wins int
+	)
+	for range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rec, err := s.Acquire(context.Background(), k, &store.Claim{Token: storetest.NewToken(), Endpoint: "POST h/p", Lease: time.Minute})
+			if err != nil {
+				t.Error(err)
+			}
+			if rec == nil {
+				mu.Lock()
+				wins++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if wins != 1 {
+		t.Fatalf("%d claims won the key, want 1", wins)
+	}
+}
+
+// Claims and completions from many goroutines: the throughput group commit
+// is for (one fsync per transaction, shared by the writers waiting on it).
+func BenchmarkParallelNewKeys(b *testing.B) {
+	s := provision(b, &Store{Path: b.TempDir()})
+	rec := &store.Record{Status: 201, Body: []byte(`{"ok":true}`)}
+	b.SetParallelism(8) // 16 goroutines on 2 CPUs
+	b.RunParallel(func(pb *testing.PB) {
+		ctx := context.Background()
+		for pb.Next() {
+			k, c := storetest.NewKey(), &store.Claim{Token: storetest.NewToken(), Endpoint: "POST h/p", Lease: time.Minute}
+			if got, err := s.Acquire(ctx, k, c); got != nil || err != nil {
+				b.Fatalf("Acquire = %v, %v", got, err)
+			}
+			if err := s.Complete(ctx, k, c, rec, time.Hour); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
