@@ -1,6 +1,7 @@
 package file
 
 import (
+	"fmt"
 	"sync"
 
 	bolt "go.etcd.io/bbolt"
@@ -73,7 +74,14 @@ func (g *groupCommit) update(fn func(*bolt.Tx) error) error {
 }
 
 func (g *groupCommit) commit(batch []*pendingWrite) {
-	err := g.db.Update(func(tx *bolt.Tx) error {
+	err := g.db.Update(func(tx *bolt.Tx) (err error) {
+		// A panicking write must not leave the others waiting for ever, nor
+		// the queue without a leader: it fails the whole transaction.
+		defer func() {
+			if p := recover(); p != nil {
+				err = fmt.Errorf("a write in the transaction panicked: %v", p)
+			}
+		}()
 		for _, w := range batch {
 			w.err = w.fn(tx)
 		}

@@ -83,6 +83,44 @@ func TestGroupCommitSharesTransactionsAndIsolatesErrors(t *testing.T) {
 	}
 }
 
+// A write that panics fails its transaction, not the store: the writers
+// that shared it get an error, nothing of theirs was written, and the next
+// writes commit as usual.
+func TestGroupCommitSurvivesAPanickingWrite(t *testing.T) {
+	db := openBolt(t)
+	g := &groupCommit{db: db}
+	put := func(k string) func(*bolt.Tx) error {
+		return func(tx *bolt.Tx) error { return tx.Bucket(records).Put([]byte(k), []byte("v")) }
+	}
+	// One transaction, built by hand as the leader would: a, a panic, b.
+	batch := []*pendingWrite{
+		{fn: put("a"), done: make(chan struct{}, 1)},
+		{fn: func(*bolt.Tx) error { panic("boom") }, done: make(chan struct{}, 1)},
+		{fn: put("b"), done: make(chan struct{}, 1)},
+	}
+	g.commit(batch)
+	for i, w := range batch {
+		select {
+		case <-w.done:
+		default:
+			t.Fatalf("write %d was never answered", i)
+		}
+		if w.err == nil {
+			t.Errorf("write %d succeeded in a transaction that panicked", i)
+		}
+	}
+	if err := g.update(put("c")); err != nil {
+		t.Fatalf("the next write: %v", err)
+	}
+	db.View(func(tx *bolt.Tx) error {
+		b := tx.Bucket(records)
+		if b.Get([]byte("a")) != nil || b.Get([]byte("b")) != nil || b.Get([]byte("c")) == nil {
+			t.Error("the panicking transaction left writes behind, or the next one did not commit")
+		}
+		return nil
+	})
+}
+
 // Writes to one key in one shared transaction apply in order, as serial
 // transactions would: only one of many concurrent claims of a key wins.
 func TestGroupCommitOneClaimWins(t *testing.T) {
