@@ -193,7 +193,7 @@ func TestSlowRequestKeepsItsClaim(t *testing.T) {
 		done := make(chan result)
 		go func() { done <- do(h, b, post("/slow", "k", "x")) }()
 		waitFor(t, func() bool { return b.runs.Load() == 1 })
-		// Duplicates keep arriving for three leases: the heartbeat must hold.
+		// Duplicates keep arriving for three leases: the renewals must hold.
 		for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
 			wantStatus(t, do(h, b, post("/slow", "k", "x")), 409)
 		}
