@@ -169,7 +169,7 @@ func main() {
 		"memory":   "`idempotency` with `store memory` (defaults) + `reverse_proxy`",
 		"redis":    "`idempotency` with `store redis` + `reverse_proxy`",
 		"postgres": "`idempotency` with `store postgres` (private server, fsync off) + `reverse_proxy`",
-		"file":     "`idempotency` with `store file` (bbolt, fsync per write) + `reverse_proxy`",
+		"file":     "`idempotency` with `store file` (bbolt, a synced transaction per write or group of concurrent writes) + `reverse_proxy`",
 	}
 	for _, r := range routes {
 		w("| %s | %s |\n", r, cmpOr(desc[r], r))
