@@ -139,6 +139,22 @@ func (r Registration) Module() string {
 	return m
 }
 
+// Detach undoes what a store's Provision did with a shared backend: it
+// unregisters s from name and gives back its use of the pooled resource at
+// *poolKey (a caddy.UsagePool, which destroys the resource with its last
+// user). It clears *poolKey, so that a second call, or one for a store that
+// never got the resource, does nothing.
+func Detach(s Store, name string, pool interface{ Delete(key any) (bool, error) }, poolKey *string) error {
+	if *poolKey == "" {
+		return nil
+	}
+	Unregister(name, s)
+	key := *poolKey
+	*poolKey = ""
+	_, err := pool.Delete(key)
+	return err
+}
+
 // Registered returns the registered stores, one per name (the instance
 // registered last), sorted by name.
 func Registered() []Registration {

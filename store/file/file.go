@@ -121,13 +121,10 @@ func (s *Store) Validate() error {
 // safe to call more than once. The store keeps its handle, so calls made
 // after the file is closed fail with store.ErrUnavailable.
 func (s *Store) Cleanup() error {
-	if s == nil || s.poolKey == "" {
+	if s == nil {
 		return nil
 	}
-	store.Unregister(s.name, s)
-	key := s.poolKey
-	s.poolKey = ""
-	if _, err := databases.Delete(key); err != nil {
+	if err := store.Detach(s, s.name, databases, &s.poolKey); err != nil {
 		return fmt.Errorf("closing idempotency database: %w", err)
 	}
 	return nil

@@ -45,9 +45,8 @@ type Memory struct {
 	MaxBytes int64 `json:"max_bytes,omitempty"`
 
 	tab     *table
-	poolKey string
+	poolKey string // cleared by Cleanup
 	name    string // in the store registry
-	cleaned bool
 }
 
 // CaddyModule returns the Caddy module information.
@@ -72,6 +71,7 @@ func (m *Memory) Provision(caddy.Context) error {
 		return newTable(m.MaxEntries, m.MaxBytes), nil
 	})
 	if err != nil {
+		m.poolKey = ""
 		return err
 	}
 	m.tab = val.(*table)
@@ -95,13 +95,7 @@ func (m *Memory) Validate() error {
 // table stays usable: requests of the old config may still be finishing
 // after a reload, and their responses must be stored.
 func (m *Memory) Cleanup() error {
-	if m.tab == nil || m.cleaned {
-		return nil
-	}
-	m.cleaned = true
-	store.Unregister(m.name, m)
-	_, err := tables.Delete(m.poolKey)
-	return err
+	return store.Detach(m, m.name, tables, &m.poolKey)
 }
 
 // UnmarshalCaddyfile sets up the store from Caddyfile tokens:

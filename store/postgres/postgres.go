@@ -166,13 +166,10 @@ func (s *Store) Validate() error {
 // Cleanup gives the pool back, closing it and stopping its reaper with its
 // last user. It is safe to call more than once.
 func (s *Store) Cleanup() error {
-	if s == nil || s.poolKey == "" {
+	if s == nil {
 		return nil
 	}
-	store.Unregister(s.name, s)
-	key := s.poolKey
-	s.poolKey = ""
-	if _, err := databases.Delete(key); err != nil {
+	if err := store.Detach(s, s.name, databases, &s.poolKey); err != nil {
 		return fmt.Errorf("closing postgres pool: %w", err)
 	}
 	return nil

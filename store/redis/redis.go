@@ -219,16 +219,13 @@ func (s *Store) Validate() error {
 
 // Cleanup gives the client back to the pool, closing it with its last user.
 func (s *Store) Cleanup() error {
-	if s == nil || s.poolKey == "" {
+	if s == nil {
 		return nil
 	}
-	store.Unregister(s.name, s)
-	key := s.poolKey
 	// The client stays: requests of the old config may still be finishing
 	// after a reload; once the last user is gone their calls fail as
 	// unavailable instead of dereferencing nil.
-	s.poolKey = ""
-	if _, err := clients.Delete(key); err != nil {
+	if err := store.Detach(s, s.name, clients, &s.poolKey); err != nil {
 		return fmt.Errorf("closing redis client: %w", err)
 	}
 	return nil
