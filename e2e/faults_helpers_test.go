@@ -22,6 +22,8 @@ import (
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testproc"
 )
 
 // Helpers of the fault-injection suite (faults_test.go) and the soak test
@@ -568,12 +570,7 @@ func (r *durableRedis) Kill() {
 func (r *durableRedis) Restart(t testing.TB) {
 	t.Helper()
 	r.Kill()
-	var err error
-	for range 20 {
-		if err = r.start(); err == nil {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
+	if err := testproc.Retry(20, 50*time.Millisecond, r.start); err != nil {
+		t.Fatalf("restarting the durable redis-server on port %d: %v", r.port, err)
 	}
-	t.Fatalf("restarting the durable redis-server on port %d: %v", r.port, err)
 }

@@ -21,6 +21,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testproc"
 )
 
 // Server is one PostgreSQL cluster and its postmaster, owned by a test.
@@ -60,21 +62,11 @@ func New() (*Server, error) {
 		s.Close()
 		return nil, err
 	}
-	// Another process may take the port between our probe and the server's
-	// bind, so try a few ports before giving up.
-	for attempt := 1; ; attempt++ {
-		s.port, err = freePort()
-		if err == nil {
-			err = s.start()
-		}
-		if err == nil {
-			return s, nil
-		}
-		if attempt == 3 {
-			s.Close()
-			return nil, fmt.Errorf("starting postgres: %w", err)
-		}
+	if _, err := testproc.OnFreePort(func(port int) error { s.port = port; return s.start() }); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("starting postgres: %w", err)
 	}
+	return s, nil
 }
 
 // DSN is a connection string for the server's postgres database.
@@ -98,16 +90,11 @@ func (s *Server) Kill() {
 func (s *Server) Restart(t testing.TB) {
 	t.Helper()
 	s.Kill()
-	var err error
 	// Backends of the killed postmaster may still be exiting, holding its
 	// shared memory for a moment; postgres refuses to start until they are.
-	for range 50 {
-		if err = s.start(); err == nil {
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
+	if err := testproc.Retry(50, 100*time.Millisecond, s.start); err != nil {
+		t.Fatalf("testpg: restarting postgres on port %d: %v", s.port, err)
 	}
-	t.Fatalf("testpg: restarting postgres on port %d: %v", s.port, err)
 }
 
 // Close kills the server and removes its directory.
@@ -335,15 +322,6 @@ func ready(dsn string) error {
 		return err
 	}
 	return conn.Close(ctx)
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("finding a free port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 func lastLines(s string, n int) string {

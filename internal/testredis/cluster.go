@@ -17,6 +17,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/caddy-idempotency/caddy-idempotency/internal/faultproxy"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testproc"
 )
 
 // proc is one redis-server process (a cluster node, a Sentinel) owned by a
@@ -199,18 +200,13 @@ func StartClusterWith(t testing.TB, opts ClusterOptions) *Cluster {
 }
 
 func (c *Cluster) startNode(t testing.TB, bin string) (*clusterNode, error) {
-	var lastErr error
-	// Ports can be taken between the probe and the bind: retry a few times.
-	for range 3 {
-		port, err := freePort()
+	var n *clusterNode
+	_, err := testproc.OnFreePort(func(port int) error {
+		bus, err := testproc.FreePort()
 		if err != nil {
-			return nil, err
+			return err
 		}
-		bus, err := freePort()
-		if err != nil {
-			return nil, err
-		}
-		n := &clusterNode{busPort: bus}
+		n = &clusterNode{busPort: bus}
 		args := []string{
 			"--port", strconv.Itoa(port),
 			"--bind", "127.0.0.1",
@@ -235,18 +231,18 @@ func (c *Cluster) startNode(t testing.TB, bin string) (*clusterNode, error) {
 		}
 		dir, err := os.MkdirTemp(t.TempDir(), "node")
 		if err != nil {
-			return nil, err
+			return err
 		}
 		args = append(args, "--dir", dir)
-		n.proc, lastErr = startProc(bin, dir, port, args...)
-		if lastErr == nil {
-			return n, nil
-		}
-		if n.proxy != nil {
+		if n.proc, err = startProc(bin, dir, port, args...); err != nil && n.proxy != nil {
 			n.proxy.Close()
 		}
+		return err
+	})
+	if err != nil {
+		return nil, err
 	}
-	return nil, lastErr
+	return n, nil
 }
 
 // addReplica joins node r to the cluster as the replica of master m and

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testproc"
 )
 
 // SentinelOptions describes a Sentinel group for StartSentinelWith.
@@ -142,23 +144,16 @@ func dataArgs(dir string, port int) []string {
 // startWithPort retries start on another free port when the one it probed
 // was taken in the meantime.
 func startWithPort(t testing.TB, start func(dir string, port int) (*proc, error)) (*proc, error) {
-	var lastErr error
-	for range 3 {
-		port, err := freePort()
-		if err != nil {
-			return nil, err
-		}
+	var p *proc
+	_, err := testproc.OnFreePort(func(port int) error {
 		dir, err := os.MkdirTemp(t.TempDir(), "redis")
 		if err != nil {
-			return nil, err
+			return err
 		}
-		p, err := start(dir, port)
-		if err == nil {
-			return p, nil
-		}
-		lastErr = err
-	}
-	return nil, lastErr
+		p, err = start(dir, port)
+		return err
+	})
+	return p, err
 }
 
 // MasterName is the name the Sentinels know the master by.

@@ -17,6 +17,8 @@ import (
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testproc"
 )
 
 // Server is one redis-server process owned by a test.
@@ -46,20 +48,10 @@ func Start(t testing.TB) *Server {
 	s := &Server{bin: bin, dir: t.TempDir()}
 	t.Cleanup(s.close)
 
-	// Another process may take the port between our probe and the server's
-	// bind, so try a few ports before giving up.
-	for attempt := 1; ; attempt++ {
-		s.port, err = freePort()
-		if err == nil {
-			err = s.start()
-		}
-		if err == nil {
-			return s
-		}
-		if attempt == 3 {
-			t.Fatalf("testredis: starting redis-server: %v", err)
-		}
+	if _, err := testproc.OnFreePort(func(port int) error { s.port = port; return s.start() }); err != nil {
+		t.Fatalf("testredis: starting redis-server: %v", err)
 	}
+	return s
 }
 
 // Addr is the server's host:port.
@@ -76,15 +68,10 @@ func (s *Server) Kill() {
 func (s *Server) Restart(t testing.TB) {
 	t.Helper()
 	s.Kill()
-	var err error
 	// The old socket may linger for a moment after the kill.
-	for range 20 {
-		if err = s.start(); err == nil {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
+	if err := testproc.Retry(20, 50*time.Millisecond, s.start); err != nil {
+		t.Fatalf("testredis: restarting redis-server on port %d: %v", s.port, err)
 	}
-	t.Fatalf("testredis: restarting redis-server on port %d: %v", s.port, err)
 }
 
 // Client returns a client of the server, closed when the test ends.
@@ -222,15 +209,6 @@ func ping(addr string) error {
 		return fmt.Errorf("unexpected reply %q", buf[:n])
 	}
 	return nil
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("finding a free port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 func lastLines(s string, n int) string {
