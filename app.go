@@ -89,7 +89,20 @@ func parseGlobalOption(d *caddyfile.Dispenser, _ any) (any, error) {
 	if err := app.UnmarshalCaddyfile(d); err != nil {
 		return nil, err
 	}
+	// Caddy expands placeholder shorthands ({host}, {header.X-Tenant}) in
+	// site blocks only; the templates of the global option get the same.
+	app.Scope = expandShorthands(app.Scope)
+	app.Endpoint = expandShorthands(app.Endpoint)
 	return httpcaddyfile.App{Name: "idempotency", Value: caddyconfig.JSON(app, nil)}, nil
+}
+
+func expandShorthands(template string) string {
+	if template == "" {
+		return ""
+	}
+	seg := caddyfile.Segment{{Text: template}}
+	httpcaddyfile.NewShorthandReplacer().ApplyToSegment(&seg)
+	return seg[0].Text
 }
 
 // inherit fills the options this handler leaves unset from the config's
@@ -112,6 +125,7 @@ func (h *Handler) inherit(ctx caddy.Context) (string, error) {
 	}
 	pick(&h.KeyHeader, d.KeyHeader)
 	pick(&h.Scope, d.Scope)
+	pick(&h.Endpoint, d.Endpoint)
 	pick(&h.OnStoreError, d.OnStoreError)
 	pick(&h.ReplayHeader, d.ReplayHeader)
 	if h.OnConflict == "" {

@@ -16,6 +16,8 @@ func TestAdaptGlobalDefaults(t *testing.T) {
 	caddytest.AssertAdapt(t, `{
 	idempotency {
 		ttl 48h
+		endpoint {method} {host}{path}
+		scope {header.X-Tenant}
 		on_store_error fail_open
 		store memory {
 			max_entries 500
@@ -53,6 +55,8 @@ func TestAdaptGlobalDefaults(t *testing.T) {
 			}
 		},
 		"idempotency": {
+			"scope": "{http.request.header.X-Tenant}",
+			"endpoint": "{http.request.method} {http.request.host}{http.request.uri.path}",
 			"ttl": 172800000000000,
 			"on_store_error": "fail_open",
 			"store": {

@@ -1,6 +1,8 @@
 package idempotency
 
 import (
+	"strings"
+
 	"github.com/caddy-idempotency/caddy-idempotency/internal/cfarg"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -30,6 +32,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		methods           <METHOD...>
 //		required
 //		scope             <template>
+//		endpoint          <template...>
 //		ttl               <duration>
 //		lock_timeout      <duration>
 //		max_request_body  <size>
@@ -62,6 +65,14 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			h.ReplayHeader, err = cfarg.One(d, opt)
 		case "scope":
 			h.Scope, err = cfarg.One(d, opt)
+		case "endpoint":
+			// The template's parts may be written as separate tokens:
+			// endpoint {method} {path} is "{method} {path}".
+			parts := d.RemainingArgs()
+			if len(parts) == 0 {
+				return d.Errf("endpoint: expected a template")
+			}
+			h.Endpoint = strings.Join(parts, " ")
 		case "methods":
 			h.Methods = d.RemainingArgs()
 			if len(h.Methods) == 0 {

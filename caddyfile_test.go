@@ -22,6 +22,7 @@ func TestAdaptEveryOption(t *testing.T) {
 		methods           POST PUT PATCH
 		required
 		scope             {http.request.header.X-Tenant}
+		endpoint          {method} {path} {header.X-Api-Version}
 		ttl               48h
 		lock_timeout      1m
 		max_request_body  2MiB
@@ -61,6 +62,7 @@ func TestAdaptEveryOption(t *testing.T) {
 							"handle": [
 								{
 									"disable_metrics": true,
+									"endpoint": "{http.request.method} {http.request.uri.path} {http.request.header.X-Api-Version}",
 									"handler": "idempotency",
 									"key_header": "X-Idempotency-Key",
 									"lock_timeout": 60000000000,

@@ -133,7 +133,7 @@ http://localhost:9680 {
 	hash := store.NewKey("", "order-1").String()
 	out = mustCLI(t, "inspect", admin, "--store", name, "--key", "order-1")
 	wantContains(t, out, "store       "+name, "key         "+hash, "state       completed",
-		"endpoint    POST localhost:9680/orders", "status      201", "body        11 bytes", "replayable  yes", "ago)", "expires     ")
+		"endpoint    POST localhost/orders", "status      201", "body        11 bytes", "replayable  yes", "ago)", "expires     ")
 
 	out = mustCLI(t, "inspect", admin, "--store", name, hash, "--json")
 	var info keyInfo
@@ -157,7 +157,7 @@ http://localhost:9680 {
 	}
 	slow := store.NewKey("", "slow-1").String()
 	out = mustCLI(t, "stuck", admin, "--store", name, "--older-than", "0s")
-	wantContains(t, out, "KEY", "AGE", "LEASE ENDS IN", "ENDPOINT", slow, "POST localhost:9680/slow")
+	wantContains(t, out, "KEY", "AGE", "LEASE ENDS IN", "ENDPOINT", slow, "POST localhost/slow")
 	if strings.Contains(out, hash) {
 		t.Fatalf("stuck listed a completed record:\n%s", out)
 	}

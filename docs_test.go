@@ -460,11 +460,15 @@ func splitDefault(doc string) (desc, def string) {
 	return doc, ""
 }
 
-// literal sets the value part of a default in code: a single token, a token
-// followed by a parenthetical remark, or a comma-separated list of tokens.
-// Prose ("the idempotency directory in ...") stays as written.
+// literal sets the value part of a default in code: a single token (or a
+// placeholder template, which may hold spaces), a token followed by a
+// parenthetical remark, or a comma-separated list of tokens. Prose ("the
+// idempotency directory in ...") stays as written.
 func literal(def string) string {
-	token := func(s string) bool { return s != "" && !strings.ContainsAny(s, " `") }
+	token := func(s string) bool {
+		template := strings.HasPrefix(s, "{") && strings.HasSuffix(s, "}")
+		return s != "" && !strings.Contains(s, "`") && (template || !strings.Contains(s, " "))
+	}
 	if token(def) {
 		return "`" + def + "`"
 	}

@@ -10,7 +10,6 @@ import (
 	"io"
 	"net/http"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -75,7 +74,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	repl.Set("http.idempotency.key", key) // hex-encoded only if a log asks
 	claim := &store.Claim{
 		Token:       newToken(),
-		Endpoint:    endpoint(r),
+		Endpoint:    h.endpoint(r, repl),
 		Fingerprint: fingerprint(r.URL.RawQuery, body),
 		Lease:       time.Duration(h.LockTimeout),
 	}
@@ -84,7 +83,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	case err != nil:
 		return h.acquireFailed(w, r, repl, next, key, claim.Token, err)
 	case rec != nil && rec.State == store.InProgress && h.MaxWait > 0 &&
-		rec.Endpoint == claim.Endpoint && rec.Fingerprint == claim.Fingerprint:
+		h.sameEndpoint(rec.Endpoint, claim.Endpoint) && rec.Fingerprint == claim.Fingerprint:
 		return h.wait(w, r, repl, next, key, claim)
 	case rec != nil:
 		return h.answerFromRecord(w, r, repl, rec, claim)
@@ -177,11 +176,6 @@ type bufferedBody struct {
 
 func (*bufferedBody) Close() error { return nil }
 
-// endpoint is what a key is bound to besides its payload.
-func endpoint(r *http.Request) string {
-	return r.Method + " " + strings.ToLower(r.Host) + r.URL.Path
-}
-
 // digest is a pooled SHA-256 state with its scratch space: written through
 // the hash.Hash interface, arrays on the stack would escape to the heap.
 type digest struct {
@@ -210,7 +204,7 @@ func fingerprint(query string, body *bytes.Buffer) store.Fingerprint {
 // answerFromRecord answers a request whose key already has a live record.
 func (h *Handler) answerFromRecord(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, rec *store.Record, c *store.Claim) error {
 	switch {
-	case rec.Endpoint != c.Endpoint:
+	case !h.sameEndpoint(rec.Endpoint, c.Endpoint):
 		return h.refuse(w, r, repl, resultMismatch, h.problems.otherEndpoint)
 	case rec.Fingerprint != c.Fingerprint:
 		return h.refuse(w, r, repl, resultMismatch, h.problems.otherPayload)

@@ -8,7 +8,9 @@ const maxKeyLen = 255
 // IETF draft makes the field an RFC 8941 sf-string ("abc"), while most
 // clients send the bare characters (abc): both spell the same key. A key is
 // 1 to 255 visible ASCII characters; anything else is refused before the
-// store sees it.
+// store sees it. A bare key may not hold a comma: in HTTP a comma separates
+// list members, and an intermediary that joins two Idempotency-Key lines
+// into one sends "a, b"; the quoted form may hold one.
 func parseKey(v string) (string, bool) {
 	if len(v) > 0 && v[0] == '"' {
 		return parseSFString(v)
@@ -17,7 +19,7 @@ func parseKey(v string) (string, bool) {
 		return "", false
 	}
 	for i := 0; i < len(v); i++ {
-		if !visible(v[i]) {
+		if !visible(v[i]) || v[i] == ',' {
 			return "", false
 		}
 	}

@@ -36,6 +36,11 @@ func TestParseKey(t *testing.T) {
 		{"caf\xc3\xa9", "", false},
 		{"a\tb", "", false},
 		{"a\x7fb", "", false},
+		// Two joined Idempotency-Key lines are a list, not a key.
+		{`a,b`, "", false},
+		{`a, b`, "", false},
+		{`,`, "", false},
+		{`"a,b"`, "a,b", true},
 	} {
 		got, ok := parseKey(tc.in)
 		if got != tc.want || ok != tc.ok {

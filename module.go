@@ -67,6 +67,15 @@ type Handler struct {
 	// hence one shared scope, when the route has no authentication).
 	Scope string `json:"scope,omitempty"`
 
+	// Endpoint is a template of Caddy placeholders, expanded per request:
+	// what a key is bound to besides its payload. A key reused where the
+	// template expands to something else gets 422; with
+	// {http.request.method} {http.request.uri.path}, keys are shared across
+	// the host names of one API. Default:
+	// {http.request.method} {http.request.host}{http.request.uri.path} (the
+	// method, the host without its port, in lower case, and the path).
+	Endpoint string `json:"endpoint,omitempty"`
+
 	// TTL is how long a completed response is replayed. Default: 24h.
 	TTL caddy.Duration `json:"ttl,omitempty"`
 
@@ -181,6 +190,9 @@ func (h *Handler) setDefaults() {
 	}
 	if h.Scope == "" {
 		h.Scope = defaultScope
+	}
+	if h.Endpoint == "" {
+		h.Endpoint = defaultEndpoint
 	}
 	if h.TTL == 0 {
 		h.TTL = caddy.Duration(defaultTTL)

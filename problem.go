@@ -94,7 +94,7 @@ func newProblems(header string, maxRequestBody int64) problems {
 		missing: newProblem(400, "missing-key", "Idempotency-Key is missing",
 			"This operation is idempotent and requires the "+header+" request header.", 0),
 		invalid: newProblem(400, "invalid-key", "Idempotency-Key is invalid",
-			"The "+header+" header must be 1 to 255 visible ASCII characters, bare or as a quoted string.", 0),
+			"The "+header+" header must be 1 to 255 visible ASCII characters, bare (without a comma) or as a quoted string.", 0),
 		repeated: newProblem(400, "invalid-key", "Idempotency-Key is invalid",
 			"The "+header+" header must appear exactly once.", 0),
 		tooLarge: newProblem(413, "request-too-large", "Request body too large",

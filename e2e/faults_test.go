@@ -51,7 +51,7 @@ route {
 
 	t.Run("reject", func(t *testing.T) {
 		t.Parallel()
-		winner := concurrentDuplicates(t, rejectUp, instances)
+		winner := concurrentDuplicates(t, rejectUp, instances, "api.test")
 		t.Logf("on_conflict reject: instance %s ran the one execution; 49 x 409, then 30 replays over the 3 instances",
 			instances[winner].name)
 	})

@@ -40,7 +40,7 @@ func TestFileStore(t *testing.T) {
 		t.Parallel()
 		u := startUpstream(t)
 		c := startCaddy(t, "caddy", proxySite(u, fileStore(t.TempDir())))
-		concurrentDuplicates(t, u, []*caddyProc{c})
+		concurrentDuplicates(t, u, []*caddyProc{c}, "api.test")
 	})
 
 	t.Run("client_disconnect", func(t *testing.T) {

@@ -79,7 +79,7 @@ func TestPostgresStore(t *testing.T) {
 		t.Parallel()
 		u := startUpstream(t)
 		c := startCaddy(t, "caddy", proxySite(u, pgStore(pg, "e2e_concurrent")))
-		concurrentDuplicates(t, u, []*caddyProc{c})
+		concurrentDuplicates(t, u, []*caddyProc{c}, "api.test")
 	})
 
 	t.Run("client_disconnect", func(t *testing.T) {
@@ -97,7 +97,7 @@ func TestPostgresStore(t *testing.T) {
 		site := proxySite(u, pgStore(pg, "e2e_shared"))
 		a := startCaddy(t, "A", site)
 		b := startCaddy(t, "B", site)
-		winner := concurrentDuplicates(t, u, []*caddyProc{a, b})
+		winner := concurrentDuplicates(t, u, []*caddyProc{a, b}, "")
 		t.Logf("instance %s ran the request; instance %s replayed it", []string{"A", "B"}[winner], []string{"A", "B"}[1-winner])
 	})
 

@@ -21,9 +21,9 @@ func TestTwoInstancesShareRedis(t *testing.T) {
 	site := proxySite(u, redisStore(rd))
 	a := startCaddy(t, "A", site)
 	b := startCaddy(t, "B", site)
-	// The requests carry one Host, as behind a load balancer: the key is
-	// bound to the endpoint, host included.
-	winner := concurrentDuplicates(t, u, []*caddyProc{a, b})
+	// Each request carries the Host of the instance it is sent to, one
+	// port each: the key is bound to the host without its port.
+	winner := concurrentDuplicates(t, u, []*caddyProc{a, b}, "")
 	t.Logf("instance %s ran the request; instance %s replayed it", []string{"A", "B"}[winner], []string{"A", "B"}[1-winner])
 }
 

@@ -1,0 +1,69 @@
+package idempotency
+
+import (
+	"net/http"
+	"strings"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+// defaultEndpoint binds a key to the method, host and path of its first
+// request: the Caddyfile's {method} {host}{path}. The host is taken
+// without its port and in lower case, so that one API reached as
+// api.example.com and api.example.com:443, or through two instances on
+// different ports, is one endpoint.
+const defaultEndpoint = "{http.request.method} {http.request.host}{http.request.uri.path}"
+
+// endpoint is what a key is bound to besides its payload: the expansion of
+// the endpoint template, computed directly for the default one (no
+// placeholder expansion on the hot path).
+func (h *Handler) endpoint(r *http.Request, repl *caddy.Replacer) string {
+	if h.Endpoint == defaultEndpoint {
+		return defaultEndpointOf(r.Method, r.Host, r.URL.Path)
+	}
+	return repl.ReplaceAll(h.Endpoint, "")
+}
+
+func defaultEndpointOf(method, hostport, path string) string {
+	return method + " " + strings.ToLower(hostOnly(hostport)) + path
+}
+
+// hostOnly strips the port from a Host value the way Caddy's
+// {http.request.host} does ("[::1]:80" gives "::1", "h:443" gives "h"),
+// without the allocation of net.SplitHostPort's error for a host that has
+// no port.
+func hostOnly(hostport string) string {
+	if strings.HasPrefix(hostport, "[") {
+		if i := strings.Index(hostport, "]:"); i > 0 {
+			return hostport[1:i]
+		}
+		return hostport
+	}
+	if i := strings.IndexByte(hostport, ':'); i >= 0 && strings.IndexByte(hostport[i+1:], ':') < 0 {
+		return hostport[:i]
+	}
+	return hostport
+}
+
+// sameEndpoint reports whether a stored record's endpoint is the current
+// request's. Records written before the default binding dropped the port
+// spell their host with it ("POST api:8080/orders"); with the default
+// template they are read as if written today, so that a retry across the
+// upgrade is still a retry.
+func (h *Handler) sameEndpoint(stored, current string) bool {
+	if stored == current {
+		return true
+	}
+	if h.Endpoint != defaultEndpoint {
+		return false
+	}
+	method, rest, ok := strings.Cut(stored, " ")
+	if !ok {
+		return false
+	}
+	host, path := rest, ""
+	if i := strings.IndexByte(rest, '/'); i >= 0 {
+		host, path = rest[:i], rest[i:]
+	}
+	return defaultEndpointOf(method, host, path) == current
+}
