@@ -6,7 +6,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -130,15 +129,7 @@ func StartSentinelWith(t testing.TB, opts SentinelOptions) *Sentinel {
 }
 
 func dataArgs(dir string, port int) []string {
-	return []string{
-		"--port", strconv.Itoa(port),
-		"--bind", "127.0.0.1",
-		"--dir", dir,
-		"--save", "",
-		"--appendonly", "no",
-		"--daemonize", "no",
-		"--repl-diskless-sync-delay", "0",
-	}
+	return serverArgs(dir, port, "--repl-diskless-sync-delay", "0")
 }
 
 // startWithPort retries start on another free port when the one it probed
