@@ -267,19 +267,10 @@ func slotView(nodes string) string {
 	return strings.Join(lines, "\n")
 }
 
+// waitUntil gives every step of the cluster's life the same 30s.
 func (c *Cluster) waitUntil(t testing.TB, what string, cond func() error) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("testredis: waiting for %s: %v", what, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	waitUntil(t, what, 30*time.Second, cond)
 }
 
 // Addrs are the addresses clients should use, one per node (the proxies'

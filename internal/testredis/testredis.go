@@ -138,3 +138,20 @@ func (s *Server) close() {
 	}
 	s.killLocked()
 }
+
+// waitUntil polls cond until it returns nil, and fails t with cond's last
+// error if that takes longer than timeout.
+func waitUntil(t testing.TB, what string, timeout time.Duration, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		err := cond()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("testredis: waiting %v for %s: %v", timeout, what, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
