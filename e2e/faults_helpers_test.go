@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -482,14 +481,12 @@ func ms(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10)
 // write: what a fault test then sees is the handler's behaviour, not the
 // data loss of a Redis without persistence (testredis runs none).
 type durableRedis struct {
-	t    testing.TB
 	bin  string
 	dir  string
 	port int
 
-	mu     sync.Mutex
-	cmd    *exec.Cmd
-	exited chan struct{}
+	mu      sync.Mutex
+	process *testproc.Proc // nil once killed
 }
 
 func startDurableRedis(t testing.TB) *durableRedis {
@@ -498,7 +495,7 @@ func startDurableRedis(t testing.TB) *durableRedis {
 	if err != nil {
 		t.Fatalf("redis-server not found (install the redis-server package): %v", err)
 	}
-	r := &durableRedis{t: t, bin: bin, dir: t.TempDir()}
+	r := &durableRedis{bin: bin, dir: t.TempDir()}
 	t.Cleanup(r.Kill)
 	for attempt := 1; ; attempt++ {
 		r.port = freePort(t)
@@ -514,56 +511,35 @@ func startDurableRedis(t testing.TB) *durableRedis {
 func (r *durableRedis) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(r.port)) }
 
 func (r *durableRedis) start() error {
-	logFile, err := os.OpenFile(filepath.Join(r.dir, "redis.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	cmd := exec.Command(r.bin, "--port", strconv.Itoa(r.port), "--bind", "127.0.0.1", "--dir", r.dir,
+		"--save", "", "--appendonly", "yes", "--appendfsync", "always", "--daemonize", "no")
+	p, err := testproc.Start(cmd, filepath.Join(r.dir, "redis.log"), testproc.Ready{
+		Check: func() error {
+			c := goredis.NewClient(&goredis.Options{Addr: r.Addr(), MaxRetries: -1, DialTimeout: time.Second, ReadTimeout: time.Second})
+			defer c.Close()
+			return c.Ping(context.Background()).Err()
+		},
+		What:    "answer PING on " + r.Addr(),
+		Timeout: 10 * time.Second,
+		Poll:    20 * time.Millisecond,
+	})
 	if err != nil {
 		return err
 	}
-	defer logFile.Close()
-	cmd := exec.Command(r.bin, "--port", strconv.Itoa(r.port), "--bind", "127.0.0.1", "--dir", r.dir,
-		"--save", "", "--appendonly", "yes", "--appendfsync", "always", "--daemonize", "no")
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	if err := cmd.Start(); err != nil {
-		return err
-	}
-	exited := make(chan struct{})
-	go func() {
-		_ = cmd.Wait()
-		close(exited)
-	}()
 	r.mu.Lock()
-	r.cmd, r.exited = cmd, exited
+	r.process = p
 	r.mu.Unlock()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		c := goredis.NewClient(&goredis.Options{Addr: r.Addr(), MaxRetries: -1, DialTimeout: time.Second, ReadTimeout: time.Second})
-		err := c.Ping(context.Background()).Err()
-		c.Close()
-		if err == nil {
-			return nil
-		}
-		select {
-		case <-exited:
-			out, _ := os.ReadFile(filepath.Join(r.dir, "redis.log"))
-			return fmt.Errorf("redis-server exited: %s", out)
-		case <-time.After(20 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			r.Kill()
-			return fmt.Errorf("redis-server did not answer PING within 10s: %v", err)
-		}
-	}
+	return nil
 }
 
 // Kill sends SIGKILL and waits for the exit.
 func (r *durableRedis) Kill() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.cmd == nil {
-		return
+	if r.process != nil {
+		r.process.Kill()
+		r.process = nil
 	}
-	_ = r.cmd.Process.Kill()
-	<-r.exited
-	r.cmd = nil
 }
 
 // Restart starts the server again on its port and data, after Kill.

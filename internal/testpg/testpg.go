@@ -32,9 +32,8 @@ type Server struct {
 	port int
 	cred *syscall.Credential // non-nil when running as root
 
-	mu     sync.Mutex
-	cmd    *exec.Cmd
-	exited chan struct{} // closed once cmd has been waited for
+	mu         sync.Mutex
+	postmaster *testproc.Proc // nil once killed
 }
 
 // Start creates and starts a server that is removed when the test ends. A
@@ -176,21 +175,13 @@ func (s *Server) initdb() error {
 	cmd.Dir = base
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred}
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("initdb: %w: %s", err, lastLines(string(out), 5))
+		return fmt.Errorf("initdb: %w: %s", err, testproc.LastLines(string(out), 5))
 	}
 	return nil
 }
 
 // start runs the postmaster on s.port and waits until it accepts a session.
 func (s *Server) start() error {
-	logPath := filepath.Join(s.base, "postgres.log")
-	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return fmt.Errorf("opening log file: %w", err)
-	}
-	defer logFile.Close()
-	logStart, _ := logFile.Seek(0, 2)
-
 	data := filepath.Join(s.base, "data")
 	cmd := exec.Command(filepath.Join(s.bin, "postgres"),
 		"-D", data,
@@ -202,59 +193,45 @@ func (s *Server) start() error {
 		"-c", "max_connections=300",
 	)
 	cmd.Dir = s.base
-	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("running %s: %w", cmd.Path, err)
+	p, err := testproc.Start(cmd, filepath.Join(s.base, "postgres.log"), testproc.Ready{
+		Check:   func() error { return ready(s.DSN()) },
+		What:    "accept sessions on " + s.Addr(),
+		Timeout: 30 * time.Second,
+		Poll:    25 * time.Millisecond,
+		Kill:    killTree,
+	})
+	if err != nil {
+		return err
 	}
-	exited := make(chan struct{})
-	go func() {
-		_ = cmd.Wait()
-		close(exited)
-	}()
 	s.mu.Lock()
-	s.cmd, s.exited = cmd, exited
+	s.postmaster = p
 	s.mu.Unlock()
-
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if ready(s.DSN()) == nil {
-			return nil
-		}
-		select {
-		case <-exited:
-			out, _ := os.ReadFile(logPath)
-			if int64(len(out)) >= logStart {
-				out = out[logStart:]
-			}
-			return fmt.Errorf("postgres exited early: %s", lastLines(string(out), 5))
-		case <-time.After(25 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			s.Kill()
-			return fmt.Errorf("postgres did not accept sessions on %s within 30s", s.Addr())
-		}
-	}
+	return nil
 }
 
-// killLocked kills the postmaster and its children. Each backend makes
+func (s *Server) killLocked() {
+	if s.postmaster == nil {
+		return
+	}
+	killTree(s.postmaster)
+	s.postmaster = nil
+}
+
+// killTree kills the postmaster and its children. Each backend makes
 // itself a process group leader, so killing the postmaster's group is not
 // enough, and a backend that outlives its postmaster goes on answering its
 // client for a moment: the postmaster is stopped first, so that it forks no
 // more, and every child is killed with it.
-func (s *Server) killLocked() {
-	if s.cmd == nil {
-		return
-	}
-	pid := s.cmd.Process.Pid
+func killTree(postmaster *testproc.Proc) {
+	pid := postmaster.Pid()
 	_ = syscall.Kill(pid, syscall.SIGSTOP)
 	children := childrenOf(pid)
 	_ = syscall.Kill(pid, syscall.SIGKILL)
 	for _, c := range children {
 		_ = syscall.Kill(c, syscall.SIGKILL)
 	}
-	<-s.exited
-	s.cmd = nil
+	postmaster.Wait()
 	// Orphans are reaped by init, not us: wait until none runs, so that
 	// their sockets are closed and a restart finds the shared memory free.
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
@@ -322,9 +299,4 @@ func ready(dsn string) error {
 		return err
 	}
 	return conn.Close(ctx)
-}
-
-func lastLines(s string, n int) string {
-	lines := strings.Split(strings.TrimSpace(s), "\n")
-	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }

@@ -1,6 +1,7 @@
 // Package testproc holds what the servers that tests start themselves
 // (redis-server, PostgreSQL) have in common: a free loopback port to start
-// on, and retries while one starts.
+// on, the process watched from its start until it serves or exits, and
+// retries while one starts.
 package testproc
 
 import (

@@ -6,7 +6,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -19,85 +18,6 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/internal/faultproxy"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/testproc"
 )
-
-// proc is one redis-server process (a cluster node, a Sentinel) owned by a
-// test, killed when the test ends.
-type proc struct {
-	port int
-	dir  string
-
-	mu     sync.Mutex
-	cmd    *exec.Cmd
-	exited chan struct{}
-}
-
-func (p *proc) addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(p.port)) }
-
-// startProc runs redis-server with args in dir and waits until it answers
-// PING on port.
-func startProc(bin, dir string, port int, args ...string) (*proc, error) {
-	logPath := filepath.Join(dir, "redis.log")
-	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return nil, fmt.Errorf("creating log file: %w", err)
-	}
-	defer logFile.Close()
-	cmd := exec.Command(bin, args...)
-	cmd.Dir = dir
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("running %s: %w", bin, err)
-	}
-	p := &proc{port: port, dir: dir, cmd: cmd, exited: make(chan struct{})}
-	go func() {
-		_ = cmd.Wait()
-		close(p.exited)
-	}()
-	deadline := time.Now().Add(10 * time.Second)
-	for ping(p.addr()) != nil {
-		select {
-		case <-p.exited:
-			out, _ := os.ReadFile(logPath)
-			return nil, fmt.Errorf("redis-server exited early: %s", lastLines(string(out), 5))
-		case <-time.After(20 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			p.kill()
-			return nil, fmt.Errorf("redis-server did not answer PING on %s within 10s", p.addr())
-		}
-	}
-	return p, nil
-}
-
-// kill sends SIGKILL and waits for the process to exit.
-func (p *proc) kill() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.cmd == nil {
-		return
-	}
-	_ = p.cmd.Process.Kill()
-	<-p.exited
-	p.cmd = nil
-}
-
-func (p *proc) alive() bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.cmd != nil
-}
-
-func lookBin(t testing.TB, name string) string {
-	t.Helper()
-	bin, err := exec.LookPath(name)
-	if err != nil {
-		bin, err = exec.LookPath("/usr/bin/" + name)
-	}
-	if err != nil {
-		t.Fatalf("testredis: %s not found (install the redis-server and redis-tools packages): %v", name, err)
-	}
-	return bin
-}
 
 // ClusterOptions describes a Cluster for StartClusterWith.
 type ClusterOptions struct {
@@ -206,10 +126,12 @@ func (c *Cluster) startNode(t testing.TB, bin string) (*clusterNode, error) {
 		if err != nil {
 			return err
 		}
+		dir, err := os.MkdirTemp(t.TempDir(), "node")
+		if err != nil {
+			return err
+		}
 		n = &clusterNode{busPort: bus}
-		args := []string{
-			"--port", strconv.Itoa(port),
-			"--bind", "127.0.0.1",
+		args := serverArgs(dir, port,
 			"--cluster-enabled", "yes",
 			"--cluster-config-file", "nodes.conf",
 			// The bus port is explicit: port+10000 may not exist.
@@ -217,10 +139,7 @@ func (c *Cluster) startNode(t testing.TB, bin string) (*clusterNode, error) {
 			"--cluster-node-timeout", "2000",
 			// Replicas sync at once instead of waiting 5s for more of them.
 			"--repl-diskless-sync-delay", "0",
-			"--save", "",
-			"--appendonly", "no",
-			"--daemonize", "no",
-		}
+		)
 		if c.opts.Proxied {
 			n.proxy = faultproxy.Start(t, net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
 			_, pport, _ := net.SplitHostPort(n.proxy.Addr())
@@ -229,11 +148,6 @@ func (c *Cluster) startNode(t testing.TB, bin string) (*clusterNode, error) {
 				"--cluster-announce-port", pport,
 				"--cluster-announce-bus-port", strconv.Itoa(bus))
 		}
-		dir, err := os.MkdirTemp(t.TempDir(), "node")
-		if err != nil {
-			return err
-		}
-		args = append(args, "--dir", dir)
 		if n.proc, err = startProc(bin, dir, port, args...); err != nil && n.proxy != nil {
 			n.proxy.Close()
 		}
@@ -353,19 +267,10 @@ func slotView(nodes string) string {
 	return strings.Join(lines, "\n")
 }
 
+// waitUntil gives every step of the cluster's life the same 30s.
 func (c *Cluster) waitUntil(t testing.TB, what string, cond func() error) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("testredis: waiting for %s: %v", what, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	waitUntil(t, what, 30*time.Second, cond)
 }
 
 // Addrs are the addresses clients should use, one per node (the proxies'

@@ -6,7 +6,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -93,7 +92,7 @@ func StartSentinelWith(t testing.TB, opts SentinelOptions) *Sentinel {
 		t.Fatalf("testredis: starting the replica: %v", err)
 	}
 	s.data[1] = replica
-	s.waitUntil(t, "the replica to sync", 10*time.Second, func() error {
+	waitUntil(t, "the replica to sync", 10*time.Second, func() error {
 		info, err := s.client(replica.addr()).Info(context.Background(), "replication").Result()
 		if err != nil {
 			return err
@@ -130,15 +129,7 @@ func StartSentinelWith(t testing.TB, opts SentinelOptions) *Sentinel {
 }
 
 func dataArgs(dir string, port int) []string {
-	return []string{
-		"--port", strconv.Itoa(port),
-		"--bind", "127.0.0.1",
-		"--dir", dir,
-		"--save", "",
-		"--appendonly", "no",
-		"--daemonize", "no",
-		"--repl-diskless-sync-delay", "0",
-	}
+	return serverArgs(dir, port, "--repl-diskless-sync-delay", "0")
 }
 
 // startWithPort retries start on another free port when the one it probed
@@ -225,7 +216,7 @@ func (s *Sentinel) masterFrom(sp *proc) (string, error) {
 func (s *Sentinel) WaitReady(t testing.TB) {
 	t.Helper()
 	ctx := context.Background()
-	s.waitUntil(t, "the sentinels to be ready", 20*time.Second, func() error {
+	waitUntil(t, "the sentinels to be ready", 20*time.Second, func() error {
 		for i, sp := range s.sentinels {
 			c := s.client(sp.addr())
 			if err := c.Do(ctx, "SENTINEL", "CKQUORUM", sentinelMaster).Err(); err != nil {
@@ -281,7 +272,7 @@ func (s *Sentinel) KillMaster(t testing.TB) string {
 func (s *Sentinel) WaitFailover(t testing.TB, old string, timeout time.Duration) string {
 	t.Helper()
 	var addr string
-	s.waitUntil(t, "the failover", timeout, func() error {
+	waitUntil(t, "the failover", timeout, func() error {
 		addr = ""
 		for i, sp := range s.sentinels {
 			if !sp.alive() {
@@ -309,21 +300,6 @@ func (s *Sentinel) WaitFailover(t testing.TB, old string, timeout time.Duration)
 		return nil
 	})
 	return addr
-}
-
-func (s *Sentinel) waitUntil(t testing.TB, what string, timeout time.Duration, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("testredis: waiting %v for %s: %v", timeout, what, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }
 
 func (s *Sentinel) close() {

@@ -5,11 +5,7 @@ package testredis
 
 import (
 	"context"
-	"fmt"
 	"net"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -28,8 +24,7 @@ type Server struct {
 	port int
 
 	mu     sync.Mutex
-	cmd    *exec.Cmd
-	exited chan struct{} // closed once cmd has been waited for
+	node   *proc // nil once killed
 	client *goredis.Client
 }
 
@@ -38,14 +33,7 @@ type Server struct {
 // fails the test rather than skipping it: a skipped store test looks green.
 func Start(t testing.TB) *Server {
 	t.Helper()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		bin, err = exec.LookPath("/usr/bin/redis-server")
-	}
-	if err != nil {
-		t.Fatalf("testredis: redis-server not found (install the redis-server package): %v", err)
-	}
-	s := &Server{bin: bin, dir: t.TempDir()}
+	s := &Server{bin: lookBin(t, "redis-server"), dir: t.TempDir()}
 	t.Cleanup(s.close)
 
 	if _, err := testproc.OnFreePort(func(port int) error { s.port = port; return s.start() }); err != nil {
@@ -124,59 +112,21 @@ func (s *Server) CommandStats(t testing.TB) map[string]int64 {
 
 // start runs the server on s.port and waits until it answers PING.
 func (s *Server) start() error {
-	logPath := filepath.Join(s.dir, "redis.log")
-	logFile, err := os.Create(logPath)
+	node, err := startProc(s.bin, s.dir, s.port, serverArgs(s.dir, s.port)...)
 	if err != nil {
-		return fmt.Errorf("creating log file: %w", err)
+		return err
 	}
-	defer logFile.Close()
-
-	cmd := exec.Command(s.bin,
-		"--port", strconv.Itoa(s.port),
-		"--bind", "127.0.0.1",
-		"--dir", s.dir,
-		"--save", "",
-		"--appendonly", "no",
-		"--daemonize", "no",
-	)
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("running %s: %w", s.bin, err)
-	}
-	exited := make(chan struct{})
-	go func() {
-		_ = cmd.Wait()
-		close(exited)
-	}()
 	s.mu.Lock()
-	s.cmd, s.exited = cmd, exited
+	s.node = node
 	s.mu.Unlock()
-
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if ping(s.Addr()) == nil {
-			return nil
-		}
-		select {
-		case <-exited:
-			out, _ := os.ReadFile(logPath)
-			return fmt.Errorf("redis-server exited early: %s", lastLines(string(out), 5))
-		case <-time.After(20 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			s.Kill()
-			return fmt.Errorf("redis-server did not answer PING on %s within 10s", s.Addr())
-		}
-	}
+	return nil
 }
 
 func (s *Server) killLocked() {
-	if s.cmd == nil {
-		return
+	if s.node != nil {
+		s.node.kill()
+		s.node = nil
 	}
-	_ = s.cmd.Process.Kill()
-	<-s.exited
-	s.cmd = nil
 }
 
 func (s *Server) close() {
@@ -189,29 +139,19 @@ func (s *Server) close() {
 	s.killLocked()
 }
 
-// ping speaks raw RESP so that readiness does not depend on client pools.
-func ping(addr string) error {
-	conn, err := net.DialTimeout("tcp", addr, time.Second)
-	if err != nil {
-		return err
+// waitUntil polls cond until it returns nil, and fails t with cond's last
+// error if that takes longer than timeout.
+func waitUntil(t testing.TB, what string, timeout time.Duration, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		err := cond()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("testredis: waiting %v for %s: %v", timeout, what, err)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(time.Second))
-	if _, err := conn.Write([]byte("PING\r\n")); err != nil {
-		return err
-	}
-	buf := make([]byte, 7)
-	n, err := conn.Read(buf)
-	if err != nil {
-		return err
-	}
-	if string(buf[:n]) != "+PONG\r\n" {
-		return fmt.Errorf("unexpected reply %q", buf[:n])
-	}
-	return nil
-}
-
-func lastLines(s string, n int) string {
-	lines := strings.Split(strings.TrimSpace(s), "\n")
-	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
