@@ -131,6 +131,26 @@ type Handler struct {
 	leases   *leases
 }
 
+// Process-wide state: every handler of every config shares what follows,
+// and it outlives config reloads, so that a request that started under the
+// old config still finishes with the same guarantees under the new one.
+// Besides these variables, the metric collectors are process-wide (they
+// keep counting across reloads; metrics.go), and so are the pools of
+// buffers, recorders and digests (recorder.go, fingerprint.go) and the
+// owner tokens' random prefix and counter (key.go), which keep tokens
+// unique across handlers and instances.
+var (
+	// finished broadcasts the end of a claim to the waiters in this
+	// process (on_conflict wait), whichever handler holds the claim.
+	finished = &broadcast{watches: make(map[store.Key]*watch)}
+
+	// background bounds the store calls retried after their request has
+	// ended (recovery.go), so that a long outage under load cannot pile up
+	// goroutines; past the bound, leases expire claims as they always
+	// would.
+	background = make(chan struct{}, 64)
+)
+
 // CaddyModule returns the Caddy module information.
 func (Handler) CaddyModule() caddy.ModuleInfo {
 	return caddy.ModuleInfo{
