@@ -169,7 +169,7 @@ func TestAdminOnEveryStore(t *testing.T) {
 
 		// A claim in flight: listed as stuck once old enough, purged.
 		b.blockers = make(chan struct{})
-		done := make(chan result, 1)
+		done := make(chan response, 1)
 		go func() { done <- do(h, b, post("/slow", "slow-1", "")) }()
 		waitFor(t, func() bool { return b.runs.Load() == 2 })
 		slow := store.NewKey("", "slow-1").String()

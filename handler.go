@@ -14,18 +14,6 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
-// Values of the {http.idempotency.result} placeholder.
-const (
-	resultNew      = "new"      // this request claimed the key and ran
-	resultReplay   = "replay"   // answered from the store
-	resultConflict = "conflict" // refused: the first request is still running
-	resultMismatch = "mismatch" // refused: the key belongs to another request
-	resultBypass   = "bypass"   // no key on a route that does not require one
-	resultInvalid  = "invalid"  // refused: missing, malformed or repeated key
-	resultTooLarge = "too_large"
-	resultError    = "error" // the store failed (503, or passed through with fail_open)
-)
-
 // statusClientClosed is the status Caddy's reverse_proxy writes when the
 // request's context ends before the upstream answers.
 const statusClientClosed = 499
@@ -89,20 +77,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 // setResult publishes the request's outcome to the access log placeholder
 // and the metrics.
-func (h *Handler) setResult(repl *caddy.Replacer, result string) {
-	repl.Set("http.idempotency.result", resultValues[result])
-	h.metrics.result(result)
+func (h *Handler) setResult(repl *caddy.Replacer, r result) {
+	repl.Set("http.idempotency.result", results[r].value)
+	h.metrics.result(r)
 }
-
-// resultValues holds each result already boxed for the replacer: boxing a
-// string on every request costs an allocation.
-var resultValues = func() map[string]any {
-	m := make(map[string]any)
-	for _, r := range []string{resultNew, resultReplay, resultConflict, resultMismatch, resultBypass, resultInvalid, resultTooLarge, resultError} {
-		m[r] = r
-	}
-	return m
-}()
 
 // claimed notes a claim that took over a dead owner's: its request may
 // have run, or be running, on the instance that died.
@@ -123,8 +101,8 @@ func (h *Handler) covers(method string) bool {
 	return false
 }
 
-func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, result string, p *problem) error {
-	h.setResult(repl, result)
+func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, res result, p *problem) error {
+	h.setResult(repl, res)
 	return p.answer(w, r, repl)
 }
 

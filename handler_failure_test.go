@@ -190,7 +190,7 @@ func TestSlowRequestKeepsItsClaim(t *testing.T) {
 	eachStore(t, func(t *testing.T, raw json.RawMessage) {
 		h := provision(t, raw, func(h *Handler) { h.LockTimeout = caddy.Duration(time.Second) })
 		b := &backend{blockers: make(chan struct{})}
-		done := make(chan result)
+		done := make(chan response)
 		go func() { done <- do(h, b, post("/slow", "k", "x")) }()
 		waitFor(t, func() bool { return b.runs.Load() == 1 })
 		// Duplicates keep arriving for three leases: the renewals must hold.
@@ -303,7 +303,7 @@ func TestResponseStoredOnceTheStoreRecovers(t *testing.T) {
 	time.Sleep(500 * time.Millisecond)
 	proxy.Blackhole(false)
 	b.serve = nil
-	var r result
+	var r response
 	waitFor(t, func() bool {
 		r = do(h, b, post("/pay", "k", "x"))
 		return r.Code != 409 && r.Code != 503

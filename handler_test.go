@@ -108,13 +108,13 @@ func withReplacer(req *http.Request) (*http.Request, *caddy.Replacer) {
 	return req, repl
 }
 
-type result struct {
+type response struct {
 	*httptest.ResponseRecorder
 	repl *caddy.Replacer
 	err  error
 }
 
-func (r result) placeholder(name string) string {
+func (r response) placeholder(name string) string {
 	v, _ := r.repl.GetString(name)
 	return v
 }
@@ -128,14 +128,14 @@ func post(path, key, body string) *http.Request {
 }
 
 // do runs req through h the way Caddy's server would: with a replacer.
-func do(h *Handler, next caddyhttp.Handler, req *http.Request) result {
+func do(h *Handler, next caddyhttp.Handler, req *http.Request) response {
 	req, repl := withReplacer(req)
 	w := httptest.NewRecorder()
 	err := h.ServeHTTP(w, req, next)
-	return result{w, repl, err}
+	return response{w, repl, err}
 }
 
-func wantStatus(t *testing.T, r result, status int) {
+func wantStatus(t *testing.T, r response, status int) {
 	t.Helper()
 	if r.err != nil {
 		t.Fatalf("ServeHTTP returned %v", r.err)
@@ -145,7 +145,7 @@ func wantStatus(t *testing.T, r result, status int) {
 	}
 }
 
-func wantProblem(t *testing.T, r result, status int, title string) {
+func wantProblem(t *testing.T, r response, status int, title string) {
 	t.Helper()
 	wantStatus(t, r, status)
 	if ct := r.Header().Get("Content-Type"); ct != "application/problem+json" {
@@ -249,7 +249,7 @@ func TestConcurrentDuplicatesRunOnce(t *testing.T) {
 		h := provision(t, raw, nil)
 		b := &backend{blockers: make(chan struct{})}
 		const n = 50
-		results := make([]result, n)
+		results := make([]response, n)
 		var finished atomic.Int64
 		var wg sync.WaitGroup
 		for i := range n {

@@ -23,7 +23,7 @@ func TestLeaseKeeperRunsOnlyWhileRequestsDo(t *testing.T) {
 		t.Fatal("the keeper runs before any request")
 	}
 	b := &backend{blockers: make(chan struct{})}
-	done := make(chan result)
+	done := make(chan response)
 	go func() { done <- do(h, b, post("/slow", "k", "x")) }()
 	waitFor(t, func() bool { return b.runs.Load() == 1 })
 	if !running() {
