@@ -162,28 +162,21 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 // Provision sets defaults and loads the store.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
-	sharedStore, err := h.inherit(ctx)
+	s, storeName, err := h.inherit(ctx)
 	if err != nil {
 		return fmt.Errorf("reading the idempotency defaults: %w", err)
 	}
 	h.setDefaults()
 	h.problems = newProblems(h.KeyHeader, h.MaxRequestBody)
 
-	s, storeName := h.store, sharedStore
-	if storeName == "" {
+	if s == nil {
 		if h.StoreRaw == nil {
 			h.StoreRaw = json.RawMessage(`{"module":"memory"}`)
 			h.logger.Warn("no store configured: using the memory store, which is not shared across instances and forgets every key when Caddy stops; configure 'store redis' to run several instances")
 		}
-		mod, err := ctx.LoadModule(h, "StoreRaw")
-		if err != nil {
-			return fmt.Errorf("loading idempotency store: %w", err)
+		if s, storeName, err = loadStore(ctx, h, "idempotency store"); err != nil {
+			return err
 		}
-		var ok bool
-		if s, ok = mod.(store.Store); !ok {
-			return fmt.Errorf("module %T is not an idempotency store", mod)
-		}
-		storeName = mod.(caddy.Module).CaddyModule().ID.Name()
 	}
 	h.store = s
 	h.leases = newLeases(h)
@@ -194,6 +187,23 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.store = instrument(s, storeName)
 	}
 	return nil
+}
+
+// loadStore loads the store module that the StoreRaw field of holder (a
+// *Handler or an *App) configures, and returns it with its module's name,
+// which labels its metrics. what names the store in errors.
+func loadStore(ctx caddy.Context, holder any, what string) (store.Store, string, error) {
+	mod, err := ctx.LoadModule(holder, "StoreRaw")
+	if err != nil {
+		return nil, "", fmt.Errorf("loading %s: %w", what, err)
+	}
+	s, ok := mod.(store.Store)
+	if !ok {
+		// a JSON config can name any module; a Caddyfile's is checked as
+		// it is parsed (unmarshalStore)
+		return nil, "", fmt.Errorf("module %T is not an idempotency store", mod)
+	}
+	return s, mod.(caddy.Module).CaddyModule().ID.Name(), nil
 }
 
 // setDefaults fills every option left unset with its documented default.
