@@ -5,13 +5,11 @@
 package idempotency
 
 import (
-	"crypto/rand"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/textproto"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -301,27 +299,6 @@ func validToken(s string) bool {
 		}
 	}
 	return true
-}
-
-// Owner tokens are a random per-process prefix and a counter: unique across
-// instances without a random read per request.
-var (
-	tokenPrefix  [8]byte
-	tokenCounter atomic.Uint64
-)
-
-func init() {
-	rand.Read(tokenPrefix[:])
-}
-
-func newToken() store.Token {
-	var t store.Token
-	copy(t[:8], tokenPrefix[:])
-	n := tokenCounter.Add(1)
-	for i := range 8 {
-		t[8+i] = byte(n >> (8 * i))
-	}
-	return t
 }
 
 // Interface guards
