@@ -17,7 +17,6 @@ import (
 
 	"github.com/caddy-idempotency/caddy-idempotency/internal/testredis"
 	"github.com/caddy-idempotency/caddy-idempotency/store"
-	"github.com/caddy-idempotency/caddy-idempotency/store/memory"
 )
 
 // adminServer serves a's routes as Caddy's admin endpoint does, errors
@@ -85,32 +84,6 @@ func wantError(t *testing.T, srv *httptest.Server, method, path string, status i
 	if !strings.Contains(e.Error, want) {
 		t.Fatalf("%s %s: error %q, want it to contain %q", method, path, e.Error, want)
 	}
-}
-
-func registeredNames() []string {
-	var names []string
-	for _, r := range store.Registered() {
-		names = append(names, r.Name)
-	}
-	return names
-}
-
-// provisionNamed provisions a handler on the store raw configures, and
-// returns it with the name under which that store registered.
-func provisionNamed(t *testing.T, raw json.RawMessage) (*Handler, string) {
-	t.Helper()
-	before := registeredNames()
-	h := provision(t, raw, nil)
-	var added []string
-	for _, n := range registeredNames() {
-		if !slices.Contains(before, n) {
-			added = append(added, n)
-		}
-	}
-	if len(added) != 1 {
-		t.Fatalf("provisioning %s registered %v, want one store", raw, added)
-	}
-	return h, added[0]
 }
 
 func approx(t *testing.T, what string, got, want, tolerance time.Duration) {
@@ -214,19 +187,6 @@ func TestAdminOnEveryStore(t *testing.T) {
 			t.Fatal("the request with a purged key did not run again")
 		}
 	})
-}
-
-// openMemory provisions a memory store with a table of its own.
-func openMemory(t *testing.T) *memory.Memory {
-	t.Helper()
-	m := &memory.Memory{MaxEntries: int(200000 + testSeq.Add(1))}
-	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-	t.Cleanup(cancel)
-	if err := m.Provision(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Cleanup() })
-	return m
 }
 
 // plain is a store that cannot be inspected.

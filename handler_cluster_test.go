@@ -15,7 +15,7 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/internal/testredis"
 )
 
-// clusterStore is the JSON of a redis store on the cluster's nodes;
+// clusterStoreJSON is the JSON of a redis store on the cluster's nodes;
 // several addresses select Cluster mode. timeout, if set, is the dial,
 // read and write timeout; poolSize, if set, the connections per node.
 func clusterStoreJSON(cl *testredis.Cluster, timeout time.Duration, poolSize int) json.RawMessage {
@@ -31,13 +31,13 @@ func clusterStoreJSON(cl *testredis.Cluster, timeout time.Duration, poolSize int
 	return json.RawMessage(raw + `}`)
 }
 
-// timedResult is a result and how long the handler took to answer it.
+// timedResult is a response and how long the handler took to answer it.
 type timedResult struct {
 	response
 	took time.Duration
 }
 
-// burst sends n concurrent copies of a request, built by req, through h.
+// clusterBurst sends n concurrent copies of a request, built by req, through h.
 func clusterBurst(h *Handler, b *backend, n int, req func() response) []timedResult {
 	out := make([]timedResult, n)
 	var wg sync.WaitGroup
@@ -57,7 +57,7 @@ func clusterBurst(h *Handler, b *backend, n int, req func() response) []timedRes
 	return out
 }
 
-// statusCounts tallies the statuses of rs and their slowest answer.
+// tallyStatuses tallies the statuses of rs and their slowest answer.
 func tallyStatuses(rs []timedResult) (map[int]int, time.Duration) {
 	counts := make(map[int]int)
 	var slowest time.Duration
