@@ -130,9 +130,10 @@ type Handler struct {
 }
 
 // Process-wide state: every handler of every config shares what follows,
-// and it outlives config reloads, so that a request that started under the
-// old config still finishes with the same guarantees under the new one.
-// Besides these variables, the metric collectors are process-wide (they
+// and it outlives config reloads. A bound on background work must hold for
+// the process however many routes and reloads there are, and a waiter must
+// hear of the end of a claim whichever handler holds it, an old config's
+// included. Besides these variables, the metric collectors are process-wide (they
 // keep counting across reloads; metrics.go), and so are the pools of
 // buffers, recorders and digests (recorder.go, fingerprint.go) and the
 // owner tokens' random prefix and counter (key.go), which keep tokens
