@@ -17,7 +17,6 @@ import (
 
 	"github.com/caddy-idempotency/caddy-idempotency/internal/testredis"
 	"github.com/caddy-idempotency/caddy-idempotency/store"
-	"github.com/caddy-idempotency/caddy-idempotency/store/memory"
 )
 
 // adminServer serves a's routes as Caddy's admin endpoint does, errors
@@ -87,32 +86,6 @@ func wantError(t *testing.T, srv *httptest.Server, method, path string, status i
 	}
 }
 
-func registeredNames() []string {
-	var names []string
-	for _, r := range store.Registered() {
-		names = append(names, r.Name)
-	}
-	return names
-}
-
-// provisionNamed provisions a handler on the store raw configures, and
-// returns it with the name under which that store registered.
-func provisionNamed(t *testing.T, raw json.RawMessage) (*Handler, string) {
-	t.Helper()
-	before := registeredNames()
-	h := provision(t, raw, nil)
-	var added []string
-	for _, n := range registeredNames() {
-		if !slices.Contains(before, n) {
-			added = append(added, n)
-		}
-	}
-	if len(added) != 1 {
-		t.Fatalf("provisioning %s registered %v, want one store", raw, added)
-	}
-	return h, added[0]
-}
-
 func approx(t *testing.T, what string, got, want, tolerance time.Duration) {
 	t.Helper()
 	if got < want-tolerance || got > want+tolerance {
@@ -169,7 +142,7 @@ func TestAdminOnEveryStore(t *testing.T) {
 
 		// A claim in flight: listed as stuck once old enough, purged.
 		b.blockers = make(chan struct{})
-		done := make(chan result, 1)
+		done := make(chan response, 1)
 		go func() { done <- do(h, b, post("/slow", "slow-1", "")) }()
 		waitFor(t, func() bool { return b.runs.Load() == 2 })
 		slow := store.NewKey("", "slow-1").String()
@@ -214,19 +187,6 @@ func TestAdminOnEveryStore(t *testing.T) {
 			t.Fatal("the request with a purged key did not run again")
 		}
 	})
-}
-
-// openMemory provisions a memory store with a table of its own.
-func openMemory(t *testing.T) *memory.Memory {
-	t.Helper()
-	m := &memory.Memory{MaxEntries: int(200000 + testSeq.Add(1))}
-	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-	t.Cleanup(cancel)
-	if err := m.Provision(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Cleanup() })
-	return m
 }
 
 // plain is a store that cannot be inspected.

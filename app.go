@@ -54,15 +54,10 @@ func (a *App) Provision(ctx caddy.Context) error {
 	if a.StoreRaw == nil {
 		return nil
 	}
-	mod, err := ctx.LoadModule(a, "StoreRaw")
-	if err != nil {
-		return fmt.Errorf("loading the shared idempotency store: %w", err)
+	var err error
+	if a.shared, a.sharedName, err = loadStore(ctx, a, "the shared idempotency store"); err != nil {
+		return err
 	}
-	s, ok := mod.(store.Store)
-	if !ok {
-		return fmt.Errorf("module %T is not an idempotency store", mod)
-	}
-	a.shared, a.sharedName = s, mod.(caddy.Module).CaddyModule().ID.Name()
 	a.StoreRaw = nil // loaded once, here; handlers use a.shared
 	return nil
 }
@@ -106,15 +101,15 @@ func expandShorthands(template string) string {
 }
 
 // inherit fills the options this handler leaves unset from the config's
-// idempotency app, if there is one. When the handler uses the app's shared
-// store, it returns that store's module name.
-func (h *Handler) inherit(ctx caddy.Context) (string, error) {
+// idempotency app, if there is one. When the handler sets no store of its
+// own, it returns the app's shared store, if any, with its module's name.
+func (h *Handler) inherit(ctx caddy.Context) (shared store.Store, name string, err error) {
 	val, err := ctx.AppIfConfigured("idempotency")
 	if errors.Is(err, caddy.ErrNotConfigured) {
-		return "", nil
+		return nil, "", nil
 	}
 	if err != nil {
-		return "", err
+		return nil, "", err
 	}
 	app := val.(*App)
 	d := &app.Handler
@@ -149,10 +144,9 @@ func (h *Handler) inherit(ctx caddy.Context) (string, error) {
 	h.Required = h.Required || d.Required
 	h.DisableMetrics = h.DisableMetrics || d.DisableMetrics
 	if h.StoreRaw == nil && app.shared != nil {
-		h.store = app.shared
-		return app.sharedName, nil
+		return app.shared, app.sharedName, nil
 	}
-	return "", nil
+	return nil, "", nil
 }
 
 // Interface guards

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -66,6 +67,7 @@ func TestTwoInstancesOnDifferentPortsShareKeys(t *testing.T) {
 		b := &backend{blockers: make(chan struct{})}
 		const n = 20
 		codes := make([]int, n)
+		var answered atomic.Int64
 		var wg sync.WaitGroup
 		for i := range n {
 			wg.Add(1)
@@ -76,10 +78,11 @@ func TestTwoInstancesOnDifferentPortsShareKeys(t *testing.T) {
 					h, host = bh, "127.0.0.1:8082"
 				}
 				codes[i] = do(h, b, withHost(post("/orders", "dup", `{"x":1}`), host)).Code
+				answered.Add(1)
 			}()
 		}
-		waitFor(t, func() bool { return b.runs.Load() == 1 })
-		time.Sleep(50 * time.Millisecond) // let the duplicates be answered
+		// Every duplicate is answered while the owner is still blocked.
+		waitFor(t, func() bool { return answered.Load() == n-1 })
 		close(b.blockers)
 		wg.Wait()
 		count := map[int]int{}

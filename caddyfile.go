@@ -4,6 +4,7 @@ import (
 	"strings"
 
 	"github.com/caddy-idempotency/caddy-idempotency/internal/cfarg"
+	"github.com/caddy-idempotency/caddy-idempotency/store"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
@@ -116,15 +117,20 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 }
 
 // unmarshalStore loads the store module named by the next token and lets it
-// parse its own block, the way reverse_proxy loads its transport.
+// parse its own block, the way reverse_proxy loads its transport, and
+// checks, as reverse_proxy does, that the module is what it is used as.
 func (h *Handler) unmarshalStore(d *caddyfile.Dispenser) error {
 	if !d.NextArg() {
 		return d.Errf("store: want a store name (memory, redis, ...)")
 	}
 	name := d.Val()
-	unm, err := caddyfile.UnmarshalModule(d, "http.idempotency.stores."+name)
+	modID := "http.idempotency.stores." + name
+	unm, err := caddyfile.UnmarshalModule(d, modID)
 	if err != nil {
 		return err
+	}
+	if _, ok := unm.(store.Store); !ok {
+		return d.Errf("store: module %s (%T) is not an idempotency store", modID, unm)
 	}
 	h.StoreRaw = caddyconfig.JSONModuleObject(unm, "module", name, nil)
 	return nil

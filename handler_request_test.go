@@ -1,17 +1,13 @@
 package idempotency
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
-
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
@@ -131,92 +127,6 @@ func TestScopeSeparatesUsers(t *testing.T) {
 	})
 }
 
-func TestUpstreamReceivesBodyExactly(t *testing.T) {
-	h := provision(t, storeConfigs[0].raw(t), nil)
-	b := &backend{}
-	body := make([]byte, 0, 256*40)
-	for range 40 {
-		for c := range 256 {
-			body = append(body, byte(c))
-		}
-	}
-	req := httptest.NewRequest(http.MethodPost, "http://h/p", bytes.NewReader(body))
-	req.ContentLength = -1 // as if chunked
-	req.Header.Set("Idempotency-Key", "bin")
-	wantStatus(t, do(h, b, req), 201)
-	if !bytes.Equal(b.bodies[0], body) {
-		t.Fatalf("upstream got %d bytes, not the %d sent", len(b.bodies[0]), len(body))
-	}
-}
-
-func TestRequestBodyLimit(t *testing.T) {
-	h := provision(t, storeConfigs[0].raw(t), func(h *Handler) { h.MaxRequestBody = 10 })
-	b := &backend{}
-	wantStatus(t, do(h, b, post("/p", "k", "0123456789")), 201)
-	wantProblem(t, do(h, b, post("/p", "k2", "0123456789A")), 413, "Request body too large")
-	chunked := post("/p", "k3", "0123456789A")
-	chunked.ContentLength = -1
-	r := do(h, b, chunked)
-	wantProblem(t, r, 413, "Request body too large")
-	if r.placeholder("http.idempotency.result") != "too_large" || b.runs.Load() != 1 {
-		t.Fatalf("result %q, %d runs", r.placeholder("http.idempotency.result"), b.runs.Load())
-	}
-}
-
-// flushRecorder records when flushes reach the client.
-type flushRecorder struct {
-	*httptest.ResponseRecorder
-	flushedAt []int // body length at each flush
-}
-
-func (f *flushRecorder) Flush() {
-	f.flushedAt = append(f.flushedAt, f.Body.Len())
-	f.ResponseRecorder.Flush()
-}
-
-func TestLargeResponseStreamsAndIsNotReplayed(t *testing.T) {
-	eachStore(t, func(t *testing.T, raw json.RawMessage) {
-		h := provision(t, raw, func(h *Handler) { h.MaxResponseBody = 1 << 20 })
-		chunk := bytes.Repeat([]byte("0123456789abcdef"), 4096) // 64 KiB
-		b := &backend{serve: func(w http.ResponseWriter, r *http.Request) error {
-			w.WriteHeader(200)
-			for range 32 { // 2 MiB
-				w.Write(chunk)
-				http.NewResponseController(w).Flush()
-			}
-			return nil
-		}}
-		req := post("/export", "big", "x")
-		w := &flushRecorder{ResponseRecorder: httptest.NewRecorder()}
-		req, _ = withReplacer(req)
-		if err := h.ServeHTTP(w, req, b); err != nil {
-			t.Fatal(err)
-		}
-		if w.Body.Len() != 32*len(chunk) {
-			t.Fatalf("client got %d bytes, want all %d", w.Body.Len(), 32*len(chunk))
-		}
-		if len(w.flushedAt) != 32 || w.flushedAt[0] != len(chunk) {
-			t.Fatalf("flushes did not pass through as written: %v", w.flushedAt[:min(3, len(w.flushedAt))])
-		}
-		r := do(h, b, post("/export", "big", "x"))
-		wantProblem(t, r, 409, "The response for this Idempotency-Key cannot be replayed")
-		if r.Header().Get("Retry-After") != "" || b.runs.Load() != 1 {
-			t.Fatalf("too-large retry: Retry-After %q, %d runs", r.Header().Get("Retry-After"), b.runs.Load())
-		}
-	})
-}
-
-func TestResponseAtLimitIsReplayed(t *testing.T) {
-	h := provision(t, storeConfigs[0].raw(t), func(h *Handler) { h.MaxResponseBody = 64 })
-	body := bytes.Repeat([]byte("z"), 64)
-	b := &backend{serve: func(w http.ResponseWriter, r *http.Request) error { w.Write(body); return nil }}
-	wantStatus(t, do(h, b, post("/p", "k", "x")), 200)
-	r := do(h, b, post("/p", "k", "x"))
-	if !bytes.Equal(r.Body.Bytes(), body) || b.runs.Load() != 1 {
-		t.Fatalf("a response of exactly max_response_body was not replayed: %q", r.Body)
-	}
-}
-
 func TestEmptyResponseIsStored(t *testing.T) {
 	h := provision(t, storeConfigs[0].raw(t), nil)
 	b := &backend{serve: func(http.ResponseWriter, *http.Request) error { return nil }}
@@ -224,31 +134,5 @@ func TestEmptyResponseIsStored(t *testing.T) {
 	r := do(h, b, post("/p", "k", "x"))
 	if r.Code != 200 || r.Body.Len() != 0 || r.Header().Get("Idempotent-Replayed") != "true" || b.runs.Load() != 1 {
 		t.Fatalf("empty response not replayed: %d %q", r.Code, r.Body)
-	}
-}
-
-func TestRefusalsBecomeErrorsForHandleErrors(t *testing.T) {
-	h := provision(t, storeConfigs[0].raw(t), nil)
-	b := &backend{blockers: make(chan struct{})}
-	defer close(b.blockers)
-	go do(h, b, post("/p", "k", "x"))
-	waitFor(t, func() bool { return b.runs.Load() == 1 })
-
-	srv := &caddyhttp.Server{Errors: &caddyhttp.HTTPErrorConfig{Routes: caddyhttp.RouteList{{}}}}
-	req := post("/p", "k", "x")
-	req = req.WithContext(context.WithValue(req.Context(), caddyhttp.ServerCtxKey, srv))
-	r := do(h, b, req)
-	var he caddyhttp.HandlerError
-	if !errors.As(r.err, &he) || he.StatusCode != 409 {
-		t.Fatalf("with error routes, a conflict returned %v, want a 409 HandlerError", r.err)
-	}
-	if r.Header().Get("Retry-After") == "" || r.Body.Len() != 0 {
-		t.Fatalf("error route gets headers %v and body %q; want Retry-After and no body yet", r.Header(), r.Body)
-	}
-	if got := r.placeholder("http.idempotency.problem.title"); got != "A request is outstanding for this Idempotency-Key" {
-		t.Fatalf("title placeholder %q", got)
-	}
-	if got := r.placeholder("http.idempotency.problem.body"); !strings.Contains(got, `"status":409`) {
-		t.Fatalf("body placeholder %q", got)
 	}
 }

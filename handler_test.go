@@ -2,166 +2,13 @@ package idempotency
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
-	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
-
-	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest/observer"
-
-	"github.com/caddy-idempotency/caddy-idempotency/internal/testredis"
 )
-
-// backend is the next handler: it counts executions and answers what the
-// test sets, recording what it received.
-type backend struct {
-	mu       sync.Mutex
-	runs     atomic.Int64
-	bodies   [][]byte
-	ctxErrs  []error
-	serve    func(w http.ResponseWriter, r *http.Request) error
-	blockers chan struct{} // when set, each run waits for a value
-}
-
-func (b *backend) ServeHTTP(w http.ResponseWriter, r *http.Request) error {
-	b.runs.Add(1)
-	body, _ := io.ReadAll(r.Body)
-	if b.blockers != nil {
-		<-b.blockers
-	}
-	b.mu.Lock()
-	b.bodies = append(b.bodies, body)
-	b.ctxErrs = append(b.ctxErrs, r.Context().Err())
-	b.mu.Unlock()
-	if b.serve != nil {
-		return b.serve(w, r)
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("X-Order", "42")
-	w.Header().Add("Set-Cookie", "session=first-caller")
-	w.WriteHeader(http.StatusCreated)
-	w.Write([]byte(`{"order":42}`))
-	return nil
-}
-
-// storeConfigs are the backends every behaviour test runs against.
-var storeConfigs = []struct {
-	name string
-	raw  func(t *testing.T) json.RawMessage
-}{
-	{"memory", func(t *testing.T) json.RawMessage {
-		// A table of its own, so tests never share keys through the pool.
-		return json.RawMessage(`{"module":"memory","max_entries":` + itoa(100000+testSeq.Add(1)) + `}`)
-	}},
-	{"redis", func(t *testing.T) json.RawMessage {
-		srv := testredis.Start(t)
-		return json.RawMessage(`{"module":"redis","addresses":["` + srv.Addr() + `"]}`)
-	}},
-}
-
-var testSeq atomic.Int64
-
-func itoa(n int64) string { b, _ := json.Marshal(n); return string(b) }
-
-// eachStore runs f once per store backend.
-func eachStore(t *testing.T, f func(t *testing.T, raw json.RawMessage)) {
-	for _, sc := range storeConfigs {
-		t.Run(sc.name, func(t *testing.T) { f(t, sc.raw(t)) })
-	}
-}
-
-// provision makes a ready handler; tweak adjusts the config first.
-func provision(t *testing.T, raw json.RawMessage, tweak func(*Handler)) *Handler {
-	t.Helper()
-	h := &Handler{StoreRaw: raw}
-	if tweak != nil {
-		tweak(h)
-	}
-	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-	t.Cleanup(cancel)
-	if err := h.Provision(ctx); err != nil {
-		t.Fatalf("Provision: %v", err)
-	}
-	if err := h.Validate(); err != nil {
-		t.Fatalf("Validate: %v", err)
-	}
-	return h
-}
-
-// observe sends the handler's logs to a recorder the test can read.
-func observe(h *Handler) *observer.ObservedLogs {
-	core, logs := observer.New(zap.DebugLevel)
-	h.logger = zap.New(core)
-	return logs
-}
-
-func withReplacer(req *http.Request) (*http.Request, *caddy.Replacer) {
-	repl := caddyhttp.NewTestReplacer(req)
-	return req, repl
-}
-
-type result struct {
-	*httptest.ResponseRecorder
-	repl *caddy.Replacer
-	err  error
-}
-
-func (r result) placeholder(name string) string {
-	v, _ := r.repl.GetString(name)
-	return v
-}
-
-func post(path, key, body string) *http.Request {
-	req := httptest.NewRequest(http.MethodPost, "http://api.example.com"+path, strings.NewReader(body))
-	if key != "" {
-		req.Header.Set("Idempotency-Key", key)
-	}
-	return req
-}
-
-// do runs req through h the way Caddy's server would: with a replacer.
-func do(h *Handler, next caddyhttp.Handler, req *http.Request) result {
-	req, repl := withReplacer(req)
-	w := httptest.NewRecorder()
-	err := h.ServeHTTP(w, req, next)
-	return result{w, repl, err}
-}
-
-func wantStatus(t *testing.T, r result, status int) {
-	t.Helper()
-	if r.err != nil {
-		t.Fatalf("ServeHTTP returned %v", r.err)
-	}
-	if r.Code != status {
-		t.Fatalf("status %d, want %d; body %s", r.Code, status, r.Body)
-	}
-}
-
-func wantProblem(t *testing.T, r result, status int, title string) {
-	t.Helper()
-	wantStatus(t, r, status)
-	if ct := r.Header().Get("Content-Type"); ct != "application/problem+json" {
-		t.Fatalf("Content-Type %q, want application/problem+json", ct)
-	}
-	var p struct {
-		Type, Title, Detail string
-		Status              int
-	}
-	if err := json.Unmarshal(r.Body.Bytes(), &p); err != nil {
-		t.Fatalf("problem body %q: %v", r.Body, err)
-	}
-	if p.Title != title || p.Status != status || p.Type == "" || p.Detail == "" {
-		t.Fatalf("problem %+v, want title %q status %d", p, title, status)
-	}
-}
 
 func TestFirstRequestRunsOnceAndRetryReplays(t *testing.T) {
 	eachStore(t, func(t *testing.T, raw json.RawMessage) {
@@ -249,7 +96,7 @@ func TestConcurrentDuplicatesRunOnce(t *testing.T) {
 		h := provision(t, raw, nil)
 		b := &backend{blockers: make(chan struct{})}
 		const n = 50
-		results := make([]result, n)
+		results := make([]response, n)
 		var finished atomic.Int64
 		var wg sync.WaitGroup
 		for i := range n {

@@ -1,5 +1,12 @@
 package idempotency
 
+import (
+	"crypto/rand"
+	"sync/atomic"
+
+	"github.com/caddy-idempotency/caddy-idempotency/store"
+)
+
 // maxKeyLen follows Stripe: long enough for any UUID or ULID scheme, short
 // enough that a key can never be used to stuff data into the store.
 const maxKeyLen = 255
@@ -65,3 +72,25 @@ func parseSFString(v string) (string, bool) {
 }
 
 func visible(c byte) bool { return c > ' ' && c < 0x7f }
+
+// Owner tokens are a random per-process prefix and a counter: unique across
+// instances without a random read per request.
+var (
+	tokenPrefix  [8]byte
+	tokenCounter atomic.Uint64
+)
+
+func init() {
+	rand.Read(tokenPrefix[:])
+}
+
+// newToken returns the owner token of one request's claim.
+func newToken() store.Token {
+	var t store.Token
+	copy(t[:8], tokenPrefix[:])
+	n := tokenCounter.Add(1)
+	for i := range 8 {
+		t[8+i] = byte(n >> (8 * i))
+	}
+	return t
+}

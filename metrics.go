@@ -62,7 +62,7 @@ func initCollectors() {
 // metrics is a handler's view of the collectors. A nil *metrics (metrics
 // disabled) records nothing, so call sites need no checks.
 type metrics struct {
-	results map[string]prometheus.Counter
+	results [numResults]prometheus.Counter
 }
 
 func newMetrics(reg *prometheus.Registry) (*metrics, error) {
@@ -73,19 +73,14 @@ func newMetrics(reg *prometheus.Registry) (*metrics, error) {
 			return nil, err
 		}
 	}
-	m := &metrics{results: make(map[string]prometheus.Counter)}
-	for _, r := range []string{resultNew, resultReplay, resultConflict, resultMismatch, resultBypass,
-		resultInvalid, resultTooLarge, resultError} {
-		label := r
-		if r == resultError {
-			label = "store_error"
-		}
-		m.results[r] = collectors.requests.WithLabelValues(label)
+	m := new(metrics)
+	for r := range numResults {
+		m.results[r] = collectors.requests.WithLabelValues(results[r].label)
 	}
 	return m, nil
 }
 
-func (m *metrics) result(r string) {
+func (m *metrics) result(r result) {
 	if m != nil {
 		m.results[r].Inc()
 	}

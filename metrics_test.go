@@ -14,8 +14,8 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/store/storetest"
 )
 
-func count(result string) float64 {
-	return testutil.ToFloat64(collectors.requests.WithLabelValues(result))
+func count(label string) float64 {
+	return testutil.ToFloat64(collectors.requests.WithLabelValues(label))
 }
 
 func TestMetricsCountResultsAndStoreOperations(t *testing.T) {
@@ -51,7 +51,7 @@ func TestMetricsInFlightGauge(t *testing.T) {
 	h := provision(t, storeConfigs[0].raw(t), nil)
 	b := &backend{blockers: make(chan struct{})}
 	base := testutil.ToFloat64(collectors.inFlight)
-	done := make(chan result)
+	done := make(chan response)
 	go func() { done <- do(h, b, post("/m", "held", "x")) }()
 	waitFor(t, func() bool { return b.runs.Load() == 1 })
 	if got := testutil.ToFloat64(collectors.inFlight) - base; got != 1 {

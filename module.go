@@ -5,13 +5,11 @@
 package idempotency
 
 import (
-	"crypto/rand"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/textproto"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -131,6 +129,27 @@ type Handler struct {
 	leases   *leases
 }
 
+// Process-wide state: every handler of every config shares what follows,
+// and it outlives config reloads. A bound on background work must hold for
+// the process however many routes and reloads there are, and a waiter must
+// hear of the end of a claim whichever handler holds it, an old config's
+// included. Besides these variables, the metric collectors are process-wide (they
+// keep counting across reloads; metrics.go), and so are the pools of
+// buffers, recorders and digests (recorder.go, fingerprint.go) and the
+// owner tokens' random prefix and counter (key.go), which keep tokens
+// unique across handlers and instances.
+var (
+	// finished broadcasts the end of a claim to the waiters in this
+	// process (on_conflict wait), whichever handler holds the claim.
+	finished = &broadcast{watches: make(map[store.Key]*watch)}
+
+	// background bounds the store calls retried after their request has
+	// ended (recovery.go), so that a long outage under load cannot pile up
+	// goroutines; past the bound, leases expire claims as they always
+	// would.
+	background = make(chan struct{}, 64)
+)
+
 // CaddyModule returns the Caddy module information.
 func (Handler) CaddyModule() caddy.ModuleInfo {
 	return caddy.ModuleInfo{
@@ -142,28 +161,21 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 // Provision sets defaults and loads the store.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
-	sharedStore, err := h.inherit(ctx)
+	s, storeName, err := h.inherit(ctx)
 	if err != nil {
 		return fmt.Errorf("reading the idempotency defaults: %w", err)
 	}
 	h.setDefaults()
 	h.problems = newProblems(h.KeyHeader, h.MaxRequestBody)
 
-	s, storeName := h.store, sharedStore
-	if storeName == "" {
+	if s == nil {
 		if h.StoreRaw == nil {
 			h.StoreRaw = json.RawMessage(`{"module":"memory"}`)
 			h.logger.Warn("no store configured: using the memory store, which is not shared across instances and forgets every key when Caddy stops; configure 'store redis' to run several instances")
 		}
-		mod, err := ctx.LoadModule(h, "StoreRaw")
-		if err != nil {
-			return fmt.Errorf("loading idempotency store: %w", err)
+		if s, storeName, err = loadStore(ctx, h, "idempotency store"); err != nil {
+			return err
 		}
-		var ok bool
-		if s, ok = mod.(store.Store); !ok {
-			return fmt.Errorf("module %T is not an idempotency store", mod)
-		}
-		storeName = mod.(caddy.Module).CaddyModule().ID.Name()
 	}
 	h.store = s
 	h.leases = newLeases(h)
@@ -174,6 +186,23 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.store = instrument(s, storeName)
 	}
 	return nil
+}
+
+// loadStore loads the store module that the StoreRaw field of holder (a
+// *Handler or an *App) configures, and returns it with its module's name,
+// which labels its metrics. what names the store in errors.
+func loadStore(ctx caddy.Context, holder any, what string) (store.Store, string, error) {
+	mod, err := ctx.LoadModule(holder, "StoreRaw")
+	if err != nil {
+		return nil, "", fmt.Errorf("loading %s: %w", what, err)
+	}
+	s, ok := mod.(store.Store)
+	if !ok {
+		// a JSON config can name any module; a Caddyfile's is checked as
+		// it is parsed (unmarshalStore)
+		return nil, "", fmt.Errorf("module %T is not an idempotency store", mod)
+	}
+	return s, mod.(caddy.Module).CaddyModule().ID.Name(), nil
 }
 
 // setDefaults fills every option left unset with its documented default.
@@ -271,27 +300,6 @@ func validToken(s string) bool {
 		}
 	}
 	return true
-}
-
-// Owner tokens are a random per-process prefix and a counter: unique across
-// instances without a random read per request.
-var (
-	tokenPrefix  [8]byte
-	tokenCounter atomic.Uint64
-)
-
-func init() {
-	rand.Read(tokenPrefix[:])
-}
-
-func newToken() store.Token {
-	var t store.Token
-	copy(t[:8], tokenPrefix[:])
-	n := tokenCounter.Add(1)
-	for i := range 8 {
-		t[8+i] = byte(n >> (8 * i))
-	}
-	return t
 }
 
 // Interface guards

@@ -22,9 +22,9 @@ const (
 	maxPoll = 250 * time.Millisecond
 )
 
-// finished broadcasts the end of a claim to the waiters in this process.
-var finished = &broadcast{watches: make(map[store.Key]*watch)}
-
+// broadcast wakes the waiters of a key when its claim ends in this
+// process; the one instance is finished, declared with the handler's
+// process-wide state.
 type broadcast struct {
 	mu      sync.Mutex
 	watches map[store.Key]*watch

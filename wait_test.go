@@ -28,14 +28,14 @@ func TestWaitingDuplicatesGetTheReplay(t *testing.T) {
 	eachStore(t, func(t *testing.T, raw json.RawMessage) {
 		h := provision(t, raw, waiting(10*time.Second))
 		b := &backend{blockers: make(chan struct{})}
-		owner := make(chan result)
+		owner := make(chan response)
 		go func() { owner <- do(h, b, post("/orders", "w", "x")) }()
 		waitFor(t, func() bool { return b.runs.Load() == 1 })
 
 		const n = 20
 		var wg sync.WaitGroup
 		var answered atomic.Int64
-		results := make([]result, n)
+		results := make([]response, n)
 		for i := range n {
 			wg.Add(1)
 			go func() {
@@ -117,10 +117,10 @@ func TestWaiterTakesOverAfterAServerError(t *testing.T) {
 		w.WriteHeader(int(status.Load()))
 		return nil
 	}}
-	owner := make(chan result)
+	owner := make(chan response)
 	go func() { owner <- do(h, b, post("/orders", "w", "x")) }()
 	waitFor(t, func() bool { return b.runs.Load() == 1 })
-	waiter := make(chan result)
+	waiter := make(chan response)
 	go func() { waiter <- do(h, b, post("/orders", "w", "x")) }()
 	time.Sleep(100 * time.Millisecond)
 	b.blockers <- struct{}{}

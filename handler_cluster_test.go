@@ -15,7 +15,7 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/internal/testredis"
 )
 
-// clusterStore is the JSON of a redis store on the cluster's nodes;
+// clusterStoreJSON is the JSON of a redis store on the cluster's nodes;
 // several addresses select Cluster mode. timeout, if set, is the dial,
 // read and write timeout; poolSize, if set, the connections per node.
 func clusterStoreJSON(cl *testredis.Cluster, timeout time.Duration, poolSize int) json.RawMessage {
@@ -31,14 +31,14 @@ func clusterStoreJSON(cl *testredis.Cluster, timeout time.Duration, poolSize int
 	return json.RawMessage(raw + `}`)
 }
 
-// timedResult is a result and how long the handler took to answer it.
+// timedResult is a response and how long the handler took to answer it.
 type timedResult struct {
-	result
+	response
 	took time.Duration
 }
 
-// burst sends n concurrent copies of a request, built by req, through h.
-func clusterBurst(h *Handler, b *backend, n int, req func() result) []timedResult {
+// clusterBurst sends n concurrent copies of a request, built by req, through h.
+func clusterBurst(h *Handler, b *backend, n int, req func() response) []timedResult {
 	out := make([]timedResult, n)
 	var wg sync.WaitGroup
 	start := make(chan struct{})
@@ -57,7 +57,7 @@ func clusterBurst(h *Handler, b *backend, n int, req func() result) []timedResul
 	return out
 }
 
-// statusCounts tallies the statuses of rs and their slowest answer.
+// tallyStatuses tallies the statuses of rs and their slowest answer.
 func tallyStatuses(rs []timedResult) (map[int]int, time.Duration) {
 	counts := make(map[int]int)
 	var slowest time.Duration
@@ -112,7 +112,7 @@ func TestClusterHandler(t *testing.T) {
 		var finished atomic.Int64
 		done := make(chan []timedResult)
 		go func() {
-			done <- clusterBurst(h, b, n, func() result {
+			done <- clusterBurst(h, b, n, func() response {
 				defer finished.Add(1)
 				return do(h, b, post("/orders", "cluster-dup", `{"x":1}`))
 			})
@@ -237,11 +237,11 @@ func TestClusterHandlerSlowStore(t *testing.T) {
 	t.Run("AllCallsTimeOut", func(t *testing.T) {
 		b := &backend{}
 		setLatency(300 * time.Millisecond) // 600ms round trips, read_timeout 200ms
-		rs := clusterBurst(short, b, 50, func() result { return do(short, b, post("/pay", "slow-a", `{"n":1}`)) })
+		rs := clusterBurst(short, b, 50, func() response { return do(short, b, post("/pay", "slow-a", `{"n":1}`)) })
 		setLatency(0)
 		checkBound(t, "300ms latency", rs)
 		for _, r := range rs {
-			wantProblem(t, r.result, 503, "Idempotency store unavailable")
+			wantProblem(t, r.response, 503, "Idempotency store unavailable")
 		}
 		if n := b.runs.Load(); n != 0 {
 			t.Fatalf("backend ran %d times while the store timedResult out, want 0 (fail_closed)", n)
@@ -274,19 +274,19 @@ func TestClusterHandlerSlowStore(t *testing.T) {
 
 	t.Run("TimeoutsWhileTheOwnerRuns", func(t *testing.T) {
 		b := &backend{blockers: make(chan struct{})}
-		owner := make(chan result)
+		owner := make(chan response)
 		go func() { owner <- do(long, b, post("/pay", "slow-c", "x")) }()
 		waitFor(t, func() bool { return b.runs.Load() == 1 })
-		rs := clusterBurst(long, b, 20, func() result { return do(long, b, post("/pay", "slow-c", "x")) })
+		rs := clusterBurst(long, b, 20, func() response { return do(long, b, post("/pay", "slow-c", "x")) })
 		for _, r := range rs {
-			wantStatus(t, r.result, 409)
+			wantStatus(t, r.response, 409)
 		}
 		setLatency(300 * time.Millisecond)
-		rs = clusterBurst(long, b, 50, func() result { return do(long, b, post("/pay", "slow-c", "x")) })
+		rs = clusterBurst(long, b, 50, func() response { return do(long, b, post("/pay", "slow-c", "x")) })
 		setLatency(0)
 		checkBound(t, "300ms latency while the owner runs", rs)
 		for _, r := range rs {
-			wantProblem(t, r.result, 503, "Idempotency store unavailable")
+			wantProblem(t, r.response, 503, "Idempotency store unavailable")
 		}
 		close(b.blockers)
 		wantStatus(t, <-owner, 201)
@@ -303,7 +303,7 @@ func TestClusterHandlerSlowStore(t *testing.T) {
 			b := &backend{}
 			key := "slow-d-" + strconv.Itoa(round)
 			setLatency(timeout/2 - 10*time.Millisecond) // round trips just under read_timeout
-			rs := clusterBurst(long, b, 50, func() result { return do(long, b, post("/pay", key, "x")) })
+			rs := clusterBurst(long, b, 50, func() response { return do(long, b, post("/pay", key, "x")) })
 			setLatency(0)
 			checkBound(t, "borderline latency", rs)
 			var ran int64

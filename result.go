@@ -1,0 +1,34 @@
+package idempotency
+
+// result is what became of a request: the value of the
+// {http.idempotency.result} placeholder and the result label of
+// caddy_idempotency_requests_total, both named in results.
+type result uint8
+
+const (
+	resultNew      result = iota // this request claimed the key and ran
+	resultReplay                 // answered from the store
+	resultConflict               // refused: the first request is still running
+	resultMismatch               // refused: the key belongs to another request
+	resultBypass                 // no key on a route that does not require one
+	resultInvalid                // refused: missing, malformed or repeated key
+	resultTooLarge
+	resultError // the store failed (503, or passed through with fail_open)
+	numResults
+)
+
+// results names every result. The placeholder value is boxed here, once:
+// boxing a string on every request costs an allocation.
+var results = [numResults]struct {
+	value any    // of the placeholder
+	label string // of the metric
+}{
+	resultNew:      {"new", "new"},
+	resultReplay:   {"replay", "replay"},
+	resultConflict: {"conflict", "conflict"},
+	resultMismatch: {"mismatch", "mismatch"},
+	resultBypass:   {"bypass", "bypass"},
+	resultInvalid:  {"invalid", "invalid"},
+	resultTooLarge: {"too_large", "too_large"},
+	resultError:    {"error", "store_error"},
+}
