@@ -18,12 +18,20 @@
 #   CONCURRENCY="1 16 64 256" *
 #   MODES="new replay mix"   new key every request; replay of one key; 50/50
 #   ROUTES=""          default: proxy baseline baseline_cas memory redis, plus
-#                      postgres and file when those stores are in the build.
+#                      redis_cached when the redis store accepts local_cache,
+#                      postgres and baseline_pg when the postgres store is in
+#                      the build and PostgreSQL starts, and file when its
+#                      store is in the build.
 #                      baseline_cas is the baseline with owner_check: its
 #                      completion is a minimal owner-checked Lua script, the
 #                      fair floor for the redis store (baseline's plain SET
-#                      checks no ownership)
-#   POSTGRES=1         0 skips the postgres route
+#                      checks no ownership).
+#                      baseline_pg (idem_baseline_pg) is the same floor for
+#                      the postgres store, on the same private PostgreSQL
+#                      (table idem_baseline_pg): one INSERT ... ON CONFLICT
+#                      claim-or-read, one owner-checked UPDATE.
+#                      redis_cached is the redis store with local_cache 64MiB.
+#   POSTGRES=1         0 skips the postgres and baseline_pg routes
 #   FILESTORE=1        0 skips the file route
 #   MEM=1              memory test: MEM_N concurrent 1 MiB responses through
 #   MEM_N=500        * fresh Caddy processes, peak RSS from /proc (VmHWM)
@@ -146,13 +154,29 @@ else
 	echo "$hash" >"$out/caddy.hash"
 fi
 "$out/caddy" list-modules >"$run/modules.txt"
-for m in http.handlers.idempotency http.handlers.idem_baseline http.idempotency.stores.memory http.idempotency.stores.redis; do
+for m in http.handlers.idempotency http.handlers.idem_baseline http.handlers.idem_baseline_pg http.idempotency.stores.memory http.idempotency.stores.redis; do
 	grep -qx "$m" "$run/modules.txt" || {
 		echo "bench: $out/caddy lacks $m" >&2
 		exit 1
 	}
 done
 have_module() { grep -qx "http.idempotency.stores.$1" "$run/modules.txt"; }
+
+# The redis store's local replay cache is being written elsewhere: the
+# redis_cached route runs only when this build's Caddyfile adapter takes
+# the option. caddy adapt provisions nothing, so no Redis is needed here.
+has_local_cache() {
+	printf 'http://127.0.0.1:1 {\n\troute {\n\t\tidempotency {\n\t\t\tstore redis {\n\t\t\t\taddress 127.0.0.1:1\n\t\t\t\tlocal_cache 64MiB\n\t\t\t}\n\t\t}\n\t}\n}\n' >"$run/Caddyfile.local_cache"
+	"$out/caddy" adapt --config "$run/Caddyfile.local_cache" --adapter caddyfile >/dev/null 2>"$run/local_cache-probe.log"
+}
+has_route() { [[ " $ROUTES " == *" $1 "* ]]; }
+drop_route() {
+	local r kept=()
+	for r in $ROUTES; do
+		[ "$r" = "$1" ] || kept+=("$r")
+	done
+	ROUTES="${kept[*]:-}"
+}
 
 # ------------------------------------------------------------------ processes
 pids=()
@@ -254,14 +278,19 @@ start_postgres() {
 
 if [ -z "$ROUTES" ]; then
 	ROUTES="proxy baseline baseline_cas memory redis"
+	if has_local_cache; then
+		ROUTES="$ROUTES redis_cached"
+	else
+		note "no redis_cached route: this build's redis store does not take local_cache (see bench/out/$label/local_cache-probe.log)"
+	fi
 	if have_module postgres; then
 		if [ "$POSTGRES" = 1 ]; then
-			start_postgres && ROUTES="$ROUTES postgres" || true
+			start_postgres && ROUTES="$ROUTES postgres baseline_pg" || true
 		else
-			note "postgres route skipped (POSTGRES=0)"
+			note "postgres and baseline_pg routes skipped (POSTGRES=0)"
 		fi
 	else
-		note "no postgres route: http.idempotency.stores.postgres is not in the build"
+		note "no postgres or baseline_pg route: http.idempotency.stores.postgres is not in the build"
 	fi
 	if have_module file; then
 		if [ "$FILESTORE" = 1 ]; then
@@ -272,8 +301,21 @@ if [ -z "$ROUTES" ]; then
 	else
 		note "no file route: http.idempotency.stores.file is not in the build"
 	fi
-elif [[ " $ROUTES " == *" postgres "* ]]; then
-	start_postgres || ROUTES=${ROUTES//postgres/}
+else
+	if has_route postgres && ! have_module postgres; then
+		note "postgres route skipped: http.idempotency.stores.postgres is not in the build"
+		drop_route postgres
+	fi
+	if has_route postgres || has_route baseline_pg; then
+		start_postgres || {
+			drop_route postgres
+			drop_route baseline_pg
+		}
+	fi
+	if has_route redis_cached && ! has_local_cache; then
+		note "redis_cached route skipped: this build's redis store does not take local_cache (see bench/out/$label/local_cache-probe.log)"
+		drop_route redis_cached
+	fi
 fi
 
 mkdir -p "$run/filestore"
@@ -286,7 +328,9 @@ route_block() { # name
 	baseline_cas) printf '\troute /baseline_cas/* {\n\t\tidem_baseline {\n\t\t\taddress %s\n\t\t\tkey_prefix idem_baseline_cas:\n\t\t\tttl 10m\n\t\t\towner_check\n\t\t}\n\t\treverse_proxy %s\n\t}\n' "$redis_addr" "$upstream" ;;
 	memory) printf '\troute /memory/* {\n\t\tidempotency {\n\t\t\tttl 10m\n\t\t\tstore memory\n\t\t}\n\t\treverse_proxy %s\n\t}\n' "$upstream" ;;
 	redis) printf '\troute /redis/* {\n\t\tidempotency {\n\t\t\tttl 10m\n\t\t\tstore redis {\n\t\t\t\taddress %s\n\t\t\t}\n\t\t}\n\t\treverse_proxy %s\n\t}\n' "$redis_addr" "$upstream" ;;
+	redis_cached) printf '\troute /redis_cached/* {\n\t\tidempotency {\n\t\t\tttl 10m\n\t\t\tstore redis {\n\t\t\t\taddress %s\n\t\t\t\tlocal_cache 64MiB\n\t\t\t}\n\t\t}\n\t\treverse_proxy %s\n\t}\n' "$redis_addr" "$upstream" ;;
 	postgres) printf '\troute /postgres/* {\n\t\tidempotency {\n\t\t\tttl 10m\n\t\t\tstore postgres {\n\t\t\t\tdsn "%s"\n\t\t\t}\n\t\t}\n\t\treverse_proxy %s\n\t}\n' "$pg_dsn" "$upstream" ;;
+	baseline_pg) printf '\troute /baseline_pg/* {\n\t\tidem_baseline_pg {\n\t\t\tdsn "%s"\n\t\t\ttable idem_baseline_pg\n\t\t}\n\t\treverse_proxy %s\n\t}\n' "$pg_dsn" "$upstream" ;;
 	file) printf '\troute /file/* {\n\t\tidempotency {\n\t\t\tttl 10m\n\t\t\tstore file {\n\t\t\t\tpath %s\n\t\t\t}\n\t\t}\n\t\treverse_proxy %s\n\t}\n' "$run/filestore" "$upstream" ;;
 	*)
 		echo "bench: unknown route $1" >&2
@@ -417,7 +461,7 @@ fi
 
 # ------------------------------------------------------------------ report
 elapsed=$(($(date +%s) - started))
-settings="$label run, ${DURATION} measured (+${WARMUP} warm-up) per run, ${ROUNDS} round(s), concurrency ${CONCURRENCY}, modes ${MODES}; idempotency, baseline and baseline_cas with ttl 10m, other options default; Redis FLUSHALL before each case; ${elapsed}s wall time before the report"
+settings="$label run, ${DURATION} measured (+${WARMUP} warm-up) per run, ${ROUNDS} round(s), concurrency ${CONCURRENCY}, modes ${MODES}; idempotency, baseline and baseline_cas with ttl 10m (baseline_pg keeps records without expiry), other options default; Redis FLUSHALL before each case; ${elapsed}s wall time before the report"
 prof_arg=()
 [ -n "$profiles" ] && prof_arg=(-profiles "$profiles")
 OUT_MD=$(realpath -m "$OUT_MD")

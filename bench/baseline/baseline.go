@@ -16,6 +16,9 @@
 // Stored records then start with the token, which replays strip. This is
 // the fair floor for the product's Redis store, whose completion is also an
 // owner-checked script; the default mode (a plain SET) checks nothing.
+//
+// PGHandler (idem_baseline_pg, postgres.go) is the same floor for the
+// product's PostgreSQL store.
 package baseline
 
 import (
@@ -186,12 +189,15 @@ func replay(w http.ResponseWriter, rec []byte) error {
 	if len(rec) < 3 || len(rec) < 3+int(rec[2]) {
 		return caddyhttp.Error(http.StatusInternalServerError, errors.New("corrupt baseline record"))
 	}
-	status := int(rec[0])<<8 | int(rec[1])
 	ctEnd := 3 + int(rec[2])
-	body := rec[ctEnd:]
+	return writeStored(w, int(rec[0])<<8|int(rec[1]), string(rec[3:ctEnd]), rec[ctEnd:])
+}
+
+// writeStored replays a stored response: status, Content-Type and body.
+func writeStored(w http.ResponseWriter, status int, contentType string, body []byte) error {
 	hdr := w.Header()
-	if ctEnd > 3 {
-		hdr["Content-Type"] = []string{string(rec[3:ctEnd])}
+	if contentType != "" {
+		hdr["Content-Type"] = []string{contentType}
 	}
 	hdr["Content-Length"] = []string{strconv.Itoa(len(body))}
 	hdr["Idempotent-Replayed"] = replayed

@@ -249,12 +249,18 @@ func micros(d time.Duration) float64 { return float64(d) / float64(time.Microsec
 
 // ---------------------------------------------------------------- /proc
 
-// procTicks is utime+stime of pid and all its descendants, in clock ticks.
+// procTicks is the CPU time of pid and all its descendants, in clock
+// ticks: utime+stime of each live process plus cutime+cstime, the time of
+// its children that exited and that it reaped. PostgreSQL forks a backend
+// per connection, and the postmaster's own utime+stime holds none of them:
+// the live backends count through the walk, and a backend that exits
+// during the window moves its whole time into the postmaster's cutime and
+// cstime when reaped, so the sum over the tree stays whole across exits.
 func procTicks(pid int) int64 {
 	var total int64
 	for _, p := range append([]int{pid}, descendants(pid)...) {
-		if _, _, u, s, ok := procStat(p); ok {
-			total += u + s
+		if t, ok := procStat(p); ok {
+			total += t.utime + t.stime + t.cutime + t.cstime
 		}
 	}
 	return total
@@ -271,8 +277,8 @@ func descendants(pid int) []int {
 		if err != nil {
 			continue
 		}
-		if _, ppid, _, _, ok := procStat(p); ok {
-			children[ppid] = append(children[ppid], p)
+		if t, ok := procStat(p); ok {
+			children[t.ppid] = append(children[t.ppid], p)
 		}
 	}
 	var out []int
@@ -288,26 +294,35 @@ func descendants(pid int) []int {
 	return out
 }
 
-// procStat reads state, ppid, utime and stime of pid. Fields count from the
-// end of the command name, which may hold spaces and parentheses.
-func procStat(pid int) (state string, ppid int, utime, stime int64, ok bool) {
+// procTimes is what procStat reads of /proc/<pid>/stat.
+type procTimes struct {
+	ppid                         int
+	utime, stime, cutime, cstime int64
+}
+
+// procStat reads ppid and the CPU times of pid. Fields count from the end
+// of the command name, which may hold spaces and parentheses.
+func procStat(pid int) (procTimes, bool) {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
-		return "", 0, 0, 0, false
+		return procTimes{}, false
 	}
 	s := string(b)
 	i := strings.LastIndexByte(s, ')')
 	if i < 0 {
-		return "", 0, 0, 0, false
+		return procTimes{}, false
 	}
 	f := strings.Fields(s[i+1:])
-	if len(f) < 13 {
-		return "", 0, 0, 0, false
+	if len(f) < 15 {
+		return procTimes{}, false
 	}
-	ppid, _ = strconv.Atoi(f[1])
-	utime, _ = strconv.ParseInt(f[11], 10, 64)
-	stime, _ = strconv.ParseInt(f[12], 10, 64)
-	return f[0], ppid, utime, stime, true
+	var t procTimes
+	t.ppid, _ = strconv.Atoi(f[1])
+	t.utime, _ = strconv.ParseInt(f[11], 10, 64)
+	t.stime, _ = strconv.ParseInt(f[12], 10, 64)
+	t.cutime, _ = strconv.ParseInt(f[13], 10, 64)
+	t.cstime, _ = strconv.ParseInt(f[14], 10, 64)
+	return t, true
 }
 
 // machineBusyTicks is the non-idle time of all CPUs from /proc/stat:
@@ -412,7 +427,7 @@ func benchCmd(args []string) error {
 	duration := fs.Duration("duration", 2*time.Second, "measured time per run")
 	warmup := fs.Duration("warmup", 500*time.Millisecond, "unmeasured time before each run")
 	rounds := fs.Int("rounds", 3, "rounds per case; each round runs every route once")
-	pids := fs.String("pids", "", "processes whose CPU time is read, name=pid,...; 'caddy' is Caddy, the rest are stores (descendants included)")
+	pids := fs.String("pids", "", "processes whose CPU time is read, name=pid,...; 'caddy' is Caddy, the rest are stores (descendants and reaped children included)")
 	otherPids := fs.String("other-pids", "", "more processes of the benchmark (upstream), name=pid,...; read but not counted per request")
 	clkTck := fs.Int("clk-tck", 100, "clock ticks per second (getconf CLK_TCK)")
 	redisAddr := fs.String("redis", "", "Redis to FLUSHALL before each case (keeps memory flat)")
