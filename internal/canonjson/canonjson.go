@@ -127,7 +127,7 @@ func trim(b []byte) []byte {
 }
 
 func trimSpans[T any](s []T) []T {
-	if cap(s) > poolMax/20 { // objects and members are 20 bytes
+	if cap(s) > poolMax/32 { // objects are 20 bytes, members 32
 		return nil
 	}
 	return s[:0]

@@ -55,18 +55,62 @@ type object struct {
 // member is the span of one member (key, then value) in buf.
 type member struct {
 	start, end       int32
-	keyStart, keyEnd int32 // the decoded key bytes
-	objects          int32 // the first object that can start in the member
+	keyStart, keyEnd int32  // the decoded key bytes
+	objects          int32  // the first object that can start in the member
+	prefix           uint64 // keyPrefix of the key
 }
 
-func compareMembers(buf []byte) func(a, b member) int {
-	return func(a, b member) int {
-		if c := bytes.Compare(buf[a.keyStart:a.keyEnd], buf[b.keyStart:b.keyEnd]); c != 0 {
-			return c
+// compare orders members by key, then by the order they came in, so that
+// duplicate keys keep theirs; no two members compare equal.
+func (p *parser) compare(a, b *member) int {
+	if a.prefix != b.prefix {
+		if a.prefix < b.prefix {
+			return -1
 		}
-		// Equal keys keep their order: members start in the order they came.
-		return int(a.start - b.start)
+		return 1
 	}
+	if c := bytes.Compare(p.buf[a.keyStart:a.keyEnd], p.buf[b.keyStart:b.keyEnd]); c != 0 {
+		return c
+	}
+	return int(a.start - b.start)
+}
+
+func (p *parser) less(a, b *member) bool { return p.compare(a, b) < 0 }
+
+// sortMembers sorts one object's members and reports whether they were out
+// of order. Most objects are small and come sorted or nearly so, which
+// insertion sort does in one pass without a call per comparison.
+func (p *parser) sortMembers(ms []member) (moved bool) {
+	if len(ms) > 16 {
+		for i := 1; i < len(ms); i++ {
+			if p.less(&ms[i], &ms[i-1]) {
+				slices.SortFunc(ms, func(a, b member) int { return p.compare(&a, &b) })
+				return true
+			}
+		}
+		return false
+	}
+	for i := 1; i < len(ms); i++ {
+		if !p.less(&ms[i], &ms[i-1]) {
+			continue
+		}
+		m := ms[i]
+		j := i
+		for ; j > 0 && p.less(&m, &ms[j-1]); j-- {
+			ms[j] = ms[j-1]
+		}
+		ms[j] = m
+		moved = true
+	}
+	return moved
+}
+
+// keyPrefix is the first eight bytes of a key as a number that orders like
+// the bytes, so that most comparisons need not look at the key.
+func keyPrefix(key []byte) uint64 {
+	var k [8]byte
+	copy(k[:], key)
+	return binary.BigEndian.Uint64(k[:])
 }
 
 // document reads the whole body as one JSON value.
@@ -167,6 +211,7 @@ func (p *parser) object(st int32) bool {
 				return false
 			}
 			m.keyStart, m.keyEnd = int32(ks), int32(ke)
+			m.prefix = keyPrefix(p.buf[ks:ke])
 			p.skipSpace()
 			if p.pos >= len(p.in) || p.in[p.pos] != ':' {
 				return false
@@ -200,9 +245,7 @@ func (p *parser) object(st int32) bool {
 	}
 	p.buf = append(p.buf, tagObjectEnd)
 	ms := p.stack[base:]
-	cmp := compareMembers(p.buf)
-	if !slices.IsSortedFunc(ms, cmp) {
-		slices.SortFunc(ms, cmp)
+	if p.sortMembers(ms) {
 		p.reordered = true
 	}
 	ob := &p.objects[o]
@@ -263,12 +306,27 @@ var plain = func() (t [utf8.RuneSelf]bool) {
 	return t
 }()
 
+// plain8 reports whether eight bytes are all plain. A byte below 0x20
+// borrows in x-0x20, a quote or backslash becomes zero and borrows in the
+// -0x01 terms, and a byte of 0x80 or more has its top bit set already. A
+// borrow can set the top bit of the next byte up too, but only after a
+// byte that is not plain.
+func plain8(x uint64) bool {
+	const ones, tops = 0x0101010101010101, 0x8080808080808080
+	special := (x - 0x20*ones) | (x ^ '"'*ones - ones) | (x ^ '\\'*ones - ones) | x
+	return special&tops == 0
+}
+
 // string reads a string and writes it decoded, length-prefixed; start and
 // end are the decoded bytes in buf.
 func (p *parser) string() (start, end int, ok bool) {
 	in := p.in
 	i := p.pos + 1
 	for i < len(in) {
+		if i+8 <= len(in) && plain8(binary.LittleEndian.Uint64(in[i:])) {
+			i += 8
+			continue
+		}
 		if c := in[i]; c < utf8.RuneSelf {
 			if !plain[c] {
 				break
