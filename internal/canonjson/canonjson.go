@@ -132,32 +132,3 @@ func trimSpans[T any](s []T) []T {
 	}
 	return s[:0]
 }
-
-// emit appends the canonical form once the whole body has been read. While
-// reading, every object's members were written to buf in the order they
-// came, and their spans sorted; when no object was out of order, buf is
-// already the canonical form.
-func (p *parser) emit(dst []byte) []byte {
-	if !p.reordered {
-		return append(dst, p.buf...)
-	}
-	return p.segment(dst, 0, int32(len(p.buf)), 0)
-}
-
-// segment appends buf[from:to], writing each object that starts in it with
-// its members in sorted order. Objects are numbered in the order they
-// start, so the first one that can start in the segment is objects[o].
-func (p *parser) segment(dst []byte, from, to, o int32) []byte {
-	for int(o) < len(p.objects) && p.objects[o].start < to {
-		ob := p.objects[o]
-		dst = append(dst, p.buf[from:ob.start]...)
-		dst = append(dst, tagObject)
-		for _, m := range p.members[ob.first : ob.first+ob.n] {
-			dst = p.segment(dst, m.start, m.end, m.objects)
-		}
-		dst = append(dst, tagObjectEnd)
-		from = ob.end
-		o = ob.next
-	}
-	return append(dst, p.buf[from:to]...)
-}

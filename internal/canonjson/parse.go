@@ -3,14 +3,24 @@ package canonjson
 import (
 	"bytes"
 	"encoding/binary"
-	"slices"
 	"unicode/utf8"
 )
 
-// The canonical form tags every value with its type, so that values of two
-// types never spell the same bytes. Strings, significands and exponents
-// carry their length; objects and arrays end with a tag that cannot start
-// a value or a key, so a sequence of values needs no count.
+// The canonical form is a prefix-free code, so that no two documents that
+// differ in meaning spell the same bytes:
+//
+//	null, false, true   n, f, t
+//	number zero         d 0
+//	other number        d, + or -, uvarint length, significand digits,
+//	                    + or -, uvarint length, exponent digits
+//	string              s, uvarint length, the decoded bytes
+//	array               a, each element, ]
+//	object              o, each kept member as key (a string) then value, }
+//
+// Every value starts with a tag naming its type and ends where its tag and
+// lengths say. Within an array the next byte is ] or the next element's
+// tag, and no value's tag is ]; within an object it is } or the s of the
+// next key.
 const (
 	tagNull      = 'n'
 	tagFalse     = 'f'
@@ -58,59 +68,6 @@ type member struct {
 	keyStart, keyEnd int32  // the decoded key bytes
 	objects          int32  // the first object that can start in the member
 	prefix           uint64 // keyPrefix of the key
-}
-
-// compare orders members by key, then by the order they came in, so that
-// duplicate keys keep theirs; no two members compare equal.
-func (p *parser) compare(a, b *member) int {
-	if a.prefix != b.prefix {
-		if a.prefix < b.prefix {
-			return -1
-		}
-		return 1
-	}
-	if c := bytes.Compare(p.buf[a.keyStart:a.keyEnd], p.buf[b.keyStart:b.keyEnd]); c != 0 {
-		return c
-	}
-	return int(a.start - b.start)
-}
-
-func (p *parser) less(a, b *member) bool { return p.compare(a, b) < 0 }
-
-// sortMembers sorts one object's members and reports whether they were out
-// of order. Most objects are small and come sorted or nearly so, which
-// insertion sort does in one pass without a call per comparison.
-func (p *parser) sortMembers(ms []member) (moved bool) {
-	if len(ms) > 16 {
-		for i := 1; i < len(ms); i++ {
-			if p.less(&ms[i], &ms[i-1]) {
-				slices.SortFunc(ms, func(a, b member) int { return p.compare(&a, &b) })
-				return true
-			}
-		}
-		return false
-	}
-	for i := 1; i < len(ms); i++ {
-		if !p.less(&ms[i], &ms[i-1]) {
-			continue
-		}
-		m := ms[i]
-		j := i
-		for ; j > 0 && p.less(&m, &ms[j-1]); j-- {
-			ms[j] = ms[j-1]
-		}
-		ms[j] = m
-		moved = true
-	}
-	return moved
-}
-
-// keyPrefix is the first eight bytes of a key as a number that orders like
-// the bytes, so that most comparisons need not look at the key.
-func keyPrefix(key []byte) uint64 {
-	var k [8]byte
-	copy(k[:], key)
-	return binary.BigEndian.Uint64(k[:])
 }
 
 // document reads the whole body as one JSON value.
