@@ -1,0 +1,242 @@
+package canonjson
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+)
+
+// Ignore is a compiled set of JSON pointers whose members and array
+// elements the canonical form leaves out, as if they were absent. A nil
+// *Ignore leaves nothing out. It is safe for concurrent use.
+//
+// The pointers are compiled into a deterministic automaton over the path
+// from the root, so that reading a member costs one map lookup on its
+// decoded key, and nothing at all below a path that no pointer can reach.
+type Ignore struct {
+	states []state
+}
+
+// state is one node of the automaton: the set of pointer prefixes that the
+// path read so far can still match.
+type state struct {
+	tokens map[string]int32 // the next state after a member or element with this token
+	other  int32            // the next state after any other token; -1 when none
+	drop   bool             // a pointer ends here: the value is left out
+}
+
+// maxStates bounds the automaton: many wildcard pointers overlapping each
+// other could otherwise make it grow exponentially.
+const maxStates = 1 << 14
+
+// Compile compiles RFC 6901 JSON pointers, such as /sent_at or
+// /meta/trace_id (~1 stands for / and ~0 for ~ within a token), with one
+// extension: the token * matches every element of an array and every member
+// of an object, so /items/*/client_ts leaves out client_ts in each element
+// of items. A member named * cannot be singled out. A token of digits
+// matches that index of an array, and a member of that name. The pointer ""
+// (the whole document) is refused: a document with nothing left would be
+// one fingerprint for every body.
+func Compile(pointers []string) (*Ignore, error) {
+	root := &trieNode{id: 0}
+	nodes := []*trieNode{root}
+	for _, ptr := range pointers {
+		tokens, err := parsePointer(ptr)
+		if err != nil {
+			return nil, err
+		}
+		n := root
+		for _, t := range tokens {
+			n = n.child(t, &nodes)
+		}
+		n.end = true
+	}
+	return build(nodes)
+}
+
+func parsePointer(ptr string) ([]string, error) {
+	bad := func(why string) error {
+		return fmt.Errorf("fingerprint_ignore: '%s' is not a JSON pointer (RFC 6901): %s", ptr, why)
+	}
+	if !strings.HasPrefix(ptr, "/") {
+		return nil, bad("must start with /")
+	}
+	if !utf8.ValidString(ptr) {
+		return nil, bad("not valid UTF-8")
+	}
+	tokens := strings.Split(ptr[1:], "/")
+	for i, t := range tokens {
+		for j := 0; j < len(t); j++ {
+			if t[j] != '~' {
+				continue
+			}
+			if j+1 == len(t) || t[j+1] != '0' && t[j+1] != '1' {
+				return nil, bad("~ must be followed by 0 or 1")
+			}
+			j++
+		}
+		tokens[i] = unescape.Replace(t)
+	}
+	return tokens, nil
+}
+
+// unescape turns a pointer's token into the member name in one pass, so
+// that ~01 is ~1 and not /.
+var unescape = strings.NewReplacer("~1", "/", "~0", "~")
+
+// trieNode is one token of one or more pointers.
+type trieNode struct {
+	id     int
+	tokens map[string]*trieNode
+	star   *trieNode
+	end    bool
+}
+
+func (n *trieNode) child(token string, nodes *[]*trieNode) *trieNode {
+	next := func() *trieNode {
+		c := &trieNode{id: len(*nodes)}
+		*nodes = append(*nodes, c)
+		return c
+	}
+	if token == "*" {
+		if n.star == nil {
+			n.star = next()
+		}
+		return n.star
+	}
+	if n.tokens == nil {
+		n.tokens = make(map[string]*trieNode)
+	}
+	c, ok := n.tokens[token]
+	if !ok {
+		c = next()
+		n.tokens[token] = c
+	}
+	return c
+}
+
+// build turns the trie into an automaton whose states are sets of trie
+// nodes: a path can match a literal token and a * at once.
+func build(nodes []*trieNode) (*Ignore, error) {
+	ign := new(Ignore)
+	if len(nodes) == 1 {
+		return ign, nil
+	}
+	ids := make(map[string]int32)
+	var sets [][]*trieNode
+	add := func(set []*trieNode) (int32, error) {
+		if len(set) == 0 {
+			return -1, nil
+		}
+		slices.SortFunc(set, func(a, b *trieNode) int { return a.id - b.id })
+		set = slices.Compact(set)
+		var key strings.Builder
+		for _, n := range set {
+			key.WriteString(strconv.Itoa(n.id))
+			key.WriteByte(',')
+		}
+		if id, ok := ids[key.String()]; ok {
+			return id, nil
+		}
+		if len(sets) == maxStates {
+			return 0, fmt.Errorf("fingerprint_ignore: the pointers overlap too much (more than %d combinations)", maxStates)
+		}
+		id := int32(len(sets))
+		ids[key.String()] = id
+		sets = append(sets, set)
+		ign.states = append(ign.states, state{other: -1})
+		return id, nil
+	}
+	if _, err := add([]*trieNode{nodes[0]}); err != nil {
+		return nil, err
+	}
+	for i := 0; i < len(sets); i++ {
+		set := sets[i]
+		var stars []*trieNode
+		for _, n := range set {
+			ign.states[i].drop = ign.states[i].drop || n.end
+			if n.star != nil {
+				stars = append(stars, n.star)
+			}
+		}
+		if ign.states[i].drop {
+			continue // nothing under a dropped value is read
+		}
+		tokens := make(map[string]int32)
+		for _, n := range set {
+			for t := range n.tokens {
+				if _, done := tokens[t]; done {
+					continue
+				}
+				next := slices.Clone(stars)
+				for _, m := range set {
+					if c := m.tokens[t]; c != nil {
+						next = append(next, c)
+					}
+				}
+				id, err := add(next)
+				if err != nil {
+					return nil, err
+				}
+				tokens[t] = id
+			}
+		}
+		other, err := add(stars)
+		if err != nil {
+			return nil, err
+		}
+		if len(tokens) > 0 {
+			ign.states[i].tokens = tokens
+		}
+		ign.states[i].other = other
+	}
+	return ign, nil
+}
+
+// start is the state at the root of the document, -1 when nothing can be
+// left out.
+func (ign *Ignore) start() int32 {
+	if ign == nil || len(ign.states) == 0 {
+		return -1
+	}
+	return 0
+}
+
+// member returns the state under the member named key of an object read in
+// state st, and whether the member is left out.
+func (ign *Ignore) member(st int32, key []byte) (next int32, drop bool) {
+	if st < 0 {
+		return -1, false
+	}
+	s := &ign.states[st]
+	next, ok := s.tokens[string(key)]
+	if !ok {
+		next = s.other
+	}
+	return ign.follow(next)
+}
+
+// element is member for the element at index i of an array.
+func (ign *Ignore) element(st int32, i int) (next int32, drop bool) {
+	if st < 0 {
+		return -1, false
+	}
+	s := &ign.states[st]
+	next = s.other
+	if len(s.tokens) > 0 {
+		var digits [20]byte
+		if n, ok := s.tokens[string(strconv.AppendInt(digits[:0], int64(i), 10))]; ok {
+			next = n
+		}
+	}
+	return ign.follow(next)
+}
+
+func (ign *Ignore) follow(next int32) (int32, bool) {
+	if next >= 0 && ign.states[next].drop {
+		return -1, true
+	}
+	return next, false
+}

@@ -1,0 +1,427 @@
+package canonjson
+
+import (
+	"bytes"
+	"encoding/binary"
+	"unicode/utf8"
+)
+
+// The canonical form is a prefix-free code, so that no two documents that
+// differ in meaning spell the same bytes:
+//
+//	null, false, true   n, f, t
+//	number zero         d 0
+//	other number        d, + or -, uvarint length, significand digits,
+//	                    + or -, uvarint length, exponent digits
+//	string              s, uvarint length, the decoded bytes
+//	array               a, each element, ]
+//	object              o, each kept member as key (a string) then value, }
+//
+// Every value starts with a tag naming its type and ends where its tag and
+// lengths say. Within an array the next byte is ] or the next element's
+// tag, and no value's tag is ]; within an object it is } or the s of the
+// next key.
+const (
+	tagNull      = 'n'
+	tagFalse     = 'f'
+	tagTrue      = 't'
+	tagNumber    = 'd'
+	tagString    = 's'
+	tagArray     = 'a'
+	tagArrayEnd  = ']'
+	tagObject    = 'o'
+	tagObjectEnd = '}'
+)
+
+// parser holds one call's input and scratch space; it is pooled.
+type parser struct {
+	in    []byte
+	pos   int
+	depth int
+	ign   *Ignore
+
+	// buf receives the canonical bytes in the order of the input.
+	buf []byte
+	// objects lists every object kept, in the order they start.
+	objects []object
+	// stack holds the members of the objects being read; members receives
+	// each object's members, sorted, when the object ends.
+	stack   []member
+	members []member
+	// reordered records that some object's members were not in order, so
+	// buf must be rewritten in sorted order.
+	reordered bool
+
+	out []byte // the rewritten form, for Write
+}
+
+// object is the span of one object in buf and where its sorted members are.
+type object struct {
+	start, end int32 // buf[start] is tagObject, buf[end-1] tagObjectEnd
+	first, n   int32 // members[first : first+n]
+	next       int32 // the first object that starts after this one ends
+}
+
+// member is the span of one member (key, then value) in buf.
+type member struct {
+	start, end       int32
+	keyStart, keyEnd int32  // the decoded key bytes
+	objects          int32  // the first object that can start in the member
+	prefix           uint64 // keyPrefix of the key
+}
+
+// document reads the whole body as one JSON value.
+func (p *parser) document() bool {
+	if len(p.in) > MaxLen {
+		return false
+	}
+	p.skipSpace()
+	if !p.value(p.ign.start()) {
+		return false
+	}
+	p.skipSpace()
+	return p.pos == len(p.in)
+}
+
+func (p *parser) skipSpace() {
+	for p.pos < len(p.in) {
+		switch p.in[p.pos] {
+		case ' ', '\t', '\n', '\r':
+			p.pos++
+		default:
+			return
+		}
+	}
+}
+
+// value reads one value; st is the Ignore state at this value.
+func (p *parser) value(st int32) bool {
+	if p.pos >= len(p.in) {
+		return false
+	}
+	switch c := p.in[p.pos]; c {
+	case '{':
+		return p.object(st)
+	case '[':
+		return p.array(st)
+	case '"':
+		_, _, ok := p.string()
+		return ok
+	case 't':
+		return p.literal("true", tagTrue)
+	case 'f':
+		return p.literal("false", tagFalse)
+	case 'n':
+		return p.literal("null", tagNull)
+	default:
+		if c == '-' || '0' <= c && c <= '9' {
+			return p.number()
+		}
+		return false
+	}
+}
+
+func (p *parser) literal(word string, tag byte) bool {
+	if !bytes.HasPrefix(p.in[p.pos:], []byte(word)) {
+		return false
+	}
+	p.pos += len(word)
+	p.buf = append(p.buf, tag)
+	return true
+}
+
+// mark is where to roll buf back to when a value turns out to be ignored:
+// it is read (it must be valid) and then dropped.
+type mark struct{ buf, objects, members int }
+
+func (p *parser) mark() mark {
+	return mark{len(p.buf), len(p.objects), len(p.members)}
+}
+
+func (p *parser) rollback(m mark) {
+	p.buf = p.buf[:m.buf]
+	p.objects = p.objects[:m.objects]
+	p.members = p.members[:m.members]
+}
+
+func (p *parser) object(st int32) bool {
+	if p.depth++; p.depth > MaxDepth {
+		return false
+	}
+	o := len(p.objects)
+	p.objects = append(p.objects, object{start: int32(len(p.buf))})
+	p.buf = append(p.buf, tagObject)
+	base := len(p.stack)
+	p.pos++
+	p.skipSpace()
+	if p.pos < len(p.in) && p.in[p.pos] == '}' {
+		p.pos++
+	} else {
+		for {
+			if p.pos >= len(p.in) || p.in[p.pos] != '"' {
+				return false
+			}
+			at := p.mark()
+			m := member{start: int32(at.buf), objects: int32(at.objects)}
+			ks, ke, ok := p.string()
+			if !ok {
+				return false
+			}
+			m.keyStart, m.keyEnd = int32(ks), int32(ke)
+			m.prefix = keyPrefix(p.buf[ks:ke])
+			p.skipSpace()
+			if p.pos >= len(p.in) || p.in[p.pos] != ':' {
+				return false
+			}
+			p.pos++
+			p.skipSpace()
+			next, drop := p.ign.member(st, p.buf[ks:ke])
+			if !p.value(next) {
+				return false
+			}
+			if drop {
+				p.rollback(at)
+			} else {
+				m.end = int32(len(p.buf))
+				p.stack = append(p.stack, m)
+			}
+			p.skipSpace()
+			if p.pos >= len(p.in) {
+				return false
+			}
+			if p.in[p.pos] == '}' {
+				p.pos++
+				break
+			}
+			if p.in[p.pos] != ',' {
+				return false
+			}
+			p.pos++
+			p.skipSpace()
+		}
+	}
+	p.buf = append(p.buf, tagObjectEnd)
+	ms := p.stack[base:]
+	if p.sortMembers(ms) {
+		p.reordered = true
+	}
+	ob := &p.objects[o]
+	ob.end = int32(len(p.buf))
+	ob.first = int32(len(p.members))
+	ob.n = int32(len(ms))
+	ob.next = int32(len(p.objects))
+	p.members = append(p.members, ms...)
+	p.stack = p.stack[:base]
+	p.depth--
+	return true
+}
+
+func (p *parser) array(st int32) bool {
+	if p.depth++; p.depth > MaxDepth {
+		return false
+	}
+	p.buf = append(p.buf, tagArray)
+	p.pos++
+	p.skipSpace()
+	if p.pos < len(p.in) && p.in[p.pos] == ']' {
+		p.pos++
+	} else {
+		for i := 0; ; i++ {
+			at := p.mark()
+			next, drop := p.ign.element(st, i)
+			if !p.value(next) {
+				return false
+			}
+			if drop {
+				p.rollback(at)
+			}
+			p.skipSpace()
+			if p.pos >= len(p.in) {
+				return false
+			}
+			if p.in[p.pos] == ']' {
+				p.pos++
+				break
+			}
+			if p.in[p.pos] != ',' {
+				return false
+			}
+			p.pos++
+			p.skipSpace()
+		}
+	}
+	p.buf = append(p.buf, tagArrayEnd)
+	p.depth--
+	return true
+}
+
+// plain marks the ASCII bytes that stand for themselves inside a string.
+var plain = func() (t [utf8.RuneSelf]bool) {
+	for c := 0x20; c < utf8.RuneSelf; c++ {
+		t[c] = c != '"' && c != '\\'
+	}
+	return t
+}()
+
+// plain8 reports whether eight bytes are all plain. A byte below 0x20
+// borrows in x-0x20, a quote or backslash becomes zero and borrows in the
+// -0x01 terms, and a byte of 0x80 or more has its top bit set already. A
+// borrow can set the top bit of the next byte up too, but only after a
+// byte that is not plain.
+func plain8(x uint64) bool {
+	const ones, tops = 0x0101010101010101, 0x8080808080808080
+	special := (x - 0x20*ones) | (x ^ '"'*ones - ones) | (x ^ '\\'*ones - ones) | x
+	return special&tops == 0
+}
+
+// string reads a string and writes it decoded, length-prefixed; start and
+// end are the decoded bytes in buf.
+func (p *parser) string() (start, end int, ok bool) {
+	in := p.in
+	i := p.pos + 1
+	for i < len(in) {
+		if i+8 <= len(in) && plain8(binary.LittleEndian.Uint64(in[i:])) {
+			i += 8
+			continue
+		}
+		if c := in[i]; c < utf8.RuneSelf {
+			if !plain[c] {
+				break
+			}
+			i++
+			continue
+		}
+		r, size := utf8.DecodeRune(in[i:])
+		if r == utf8.RuneError && size == 1 {
+			return 0, 0, false
+		}
+		i += size
+	}
+	if i >= len(in) || in[i] != '"' {
+		return p.escapedString()
+	}
+	raw := in[p.pos+1 : i]
+	p.buf = append(p.buf, tagString)
+	p.buf = binary.AppendUvarint(p.buf, uint64(len(raw)))
+	start = len(p.buf)
+	p.buf = append(p.buf, raw...)
+	p.pos = i + 1
+	return start, len(p.buf), true
+}
+
+// escapedString is string's slow path, for a string with escapes (or one
+// that is not valid).
+func (p *parser) escapedString() (start, end int, ok bool) {
+	in := p.in
+	i := p.pos + 1
+	p.buf = append(p.buf, tagString)
+	start = len(p.buf)
+	for {
+		run := i
+		for i < len(in) && in[i] < utf8.RuneSelf && plain[in[i]] {
+			i++
+		}
+		p.buf = append(p.buf, in[run:i]...)
+		if i >= len(in) {
+			return 0, 0, false
+		}
+		switch c := in[i]; {
+		case c == '"':
+			p.pos = i + 1
+			start, end = p.prefixLength(start)
+			return start, end, true
+		case c == '\\':
+			n, ok := p.escape(in[i:])
+			if !ok {
+				return 0, 0, false
+			}
+			i += n
+		case c < 0x20:
+			return 0, 0, false
+		default:
+			r, size := utf8.DecodeRune(in[i:])
+			if r == utf8.RuneError && size == 1 {
+				return 0, 0, false
+			}
+			p.buf = append(p.buf, in[i:i+size]...)
+			i += size
+		}
+	}
+}
+
+// escape decodes the escape at the start of s and returns its length.
+func (p *parser) escape(s []byte) (n int, ok bool) {
+	if len(s) < 2 {
+		return 0, false
+	}
+	switch s[1] {
+	case '"', '\\', '/':
+		p.buf = append(p.buf, s[1])
+	case 'b':
+		p.buf = append(p.buf, '\b')
+	case 'f':
+		p.buf = append(p.buf, '\f')
+	case 'n':
+		p.buf = append(p.buf, '\n')
+	case 'r':
+		p.buf = append(p.buf, '\r')
+	case 't':
+		p.buf = append(p.buf, '\t')
+	case 'u':
+		r, ok := hex4(s[2:])
+		if !ok {
+			return 0, false
+		}
+		if r < 0xd800 || r > 0xdfff {
+			p.buf = utf8.AppendRune(p.buf, r)
+			return 6, true
+		}
+		if r < 0xdc00 && len(s) >= 12 && s[6] == '\\' && s[7] == 'u' {
+			if lo, ok := hex4(s[8:]); ok && 0xdc00 <= lo && lo <= 0xdfff {
+				p.buf = utf8.AppendRune(p.buf, 0x10000+(r-0xd800)<<10+(lo-0xdc00))
+				return 12, true
+			}
+		}
+		// A lone surrogate is written as its generalised UTF-8 (WTF-8)
+		// bytes: no valid UTF-8 spells them, and a raw body holding them
+		// is refused, so it stays distinct from U+FFFD and every character.
+		p.buf = append(p.buf, 0xe0|byte(r>>12), 0x80|byte(r>>6)&0x3f, 0x80|byte(r)&0x3f)
+		return 6, true
+	default:
+		return 0, false
+	}
+	return 2, true
+}
+
+func hex4(s []byte) (rune, bool) {
+	if len(s) < 4 {
+		return 0, false
+	}
+	var r rune
+	for _, c := range s[:4] {
+		switch {
+		case '0' <= c && c <= '9':
+			c -= '0'
+		case 'a' <= c && c <= 'f':
+			c -= 'a' - 10
+		case 'A' <= c && c <= 'F':
+			c -= 'A' - 10
+		default:
+			return 0, false
+		}
+		r = r<<4 | rune(c)
+	}
+	return r, true
+}
+
+// prefixLength puts the length of buf[start:] before it, once it is known,
+// and returns where the bytes moved.
+func (p *parser) prefixLength(start int) (int, int) {
+	n := len(p.buf) - start
+	var v [binary.MaxVarintLen64]byte
+	l := binary.PutUvarint(v[:], uint64(n))
+	p.buf = append(p.buf, v[:l]...)
+	copy(p.buf[start+l:], p.buf[start:start+n])
+	copy(p.buf[start:], v[:l])
+	return start + l, start + l + n
+}
