@@ -9,6 +9,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"net/http"
 	"time"
 )
@@ -143,3 +144,9 @@ var (
 	// timeout, closed store); the handler answers it per on_store_error.
 	ErrUnavailable = errors.New("idempotency store unavailable")
 )
+
+// Unavailable wraps err, a failure of the backend while op ("acquiring",
+// "renewing", ...) was under way, in ErrUnavailable.
+func Unavailable(op string, err error) error {
+	return fmt.Errorf("%w: %s: %w", ErrUnavailable, op, err)
+}

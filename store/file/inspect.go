@@ -27,7 +27,7 @@ func registryName(path string) string { return "file:" + path }
 // transaction.
 func (s *Store) Lookup(ctx context.Context, key store.Key) (*store.Record, time.Time, error) {
 	if err := ctx.Err(); err != nil {
-		return nil, time.Time{}, unavailable("looking up", err)
+		return nil, time.Time{}, store.Unavailable("looking up", err)
 	}
 	var rec *store.Record
 	var expires time.Time
@@ -41,7 +41,7 @@ func (s *Store) Lookup(ctx context.Context, key store.Key) (*store.Record, time.
 		return nil
 	})
 	if err != nil {
-		return nil, time.Time{}, unavailable("looking up", err)
+		return nil, time.Time{}, store.Unavailable("looking up", err)
 	}
 	return rec, expires, nil
 }
@@ -50,7 +50,7 @@ func (s *Store) Lookup(ctx context.Context, key store.Key) (*store.Record, time.
 // reports whether it was live.
 func (s *Store) Delete(ctx context.Context, key store.Key) (bool, error) {
 	if err := ctx.Err(); err != nil {
-		return false, unavailable("deleting", err)
+		return false, store.Unavailable("deleting", err)
 	}
 	var found bool
 	err := s.db.Update(func(tx *bolt.Tx) error {
@@ -63,7 +63,7 @@ func (s *Store) Delete(ctx context.Context, key store.Key) (bool, error) {
 		return b.Delete(key[:])
 	})
 	if err != nil {
-		return false, unavailable("deleting", err)
+		return false, store.Unavailable("deleting", err)
 	}
 	return found, nil
 }
@@ -73,7 +73,7 @@ func (s *Store) Delete(ctx context.Context, key store.Key) (bool, error) {
 // of each value and decoding the claims it keeps.
 func (s *Store) InFlight(ctx context.Context, olderThan time.Duration, limit int) ([]store.Entry, error) {
 	if err := ctx.Err(); err != nil {
-		return nil, unavailable("listing claims", err)
+		return nil, store.Unavailable("listing claims", err)
 	}
 	if limit <= 0 {
 		return nil, nil
@@ -103,7 +103,7 @@ func (s *Store) InFlight(ctx context.Context, olderThan time.Duration, limit int
 		return nil
 	})
 	if err != nil {
-		return nil, unavailable("listing claims", err)
+		return nil, store.Unavailable("listing claims", err)
 	}
 	return store.SortEntries(out, limit), nil
 }

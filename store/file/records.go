@@ -73,7 +73,7 @@ func liveRecord(b *bolt.Bucket, key store.Key, t time.Time) (*store.Record, erro
 func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (*store.Record, error) {
 	c.TookOver = false
 	if err := ctx.Err(); err != nil {
-		return nil, unavailable("acquiring", err)
+		return nil, store.Unavailable("acquiring", err)
 	}
 	var rec *store.Record
 	err := s.db.View(func(tx *bolt.Tx) error {
@@ -82,7 +82,7 @@ func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (*st
 		return err
 	})
 	if err != nil {
-		return nil, unavailable("acquiring", err)
+		return nil, store.Unavailable("acquiring", err)
 	}
 	if rec != nil {
 		return rec, nil
@@ -102,7 +102,7 @@ func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (*st
 		return b.Put(key[:], store.AppendClaim(expiry(t.Add(c.Lease)), c, t))
 	})
 	if err != nil {
-		return nil, unavailable("acquiring", err)
+		return nil, store.Unavailable("acquiring", err)
 	}
 	if rec == nil {
 		c.TookOver, c.CreatedAt = tookOver, created
@@ -139,7 +139,7 @@ func (s *Store) Renew(ctx context.Context, key store.Key, token store.Token, lea
 func (s *Store) update(ctx context.Context, op string, key store.Key, token store.Token,
 	fn func(b *bolt.Bucket, v []byte, t time.Time) error) error {
 	if err := ctx.Err(); err != nil {
-		return unavailable(op, err)
+		return store.Unavailable(op, err)
 	}
 	err := s.db.writes.update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(records)
@@ -150,11 +150,7 @@ func (s *Store) update(ctx context.Context, op string, key store.Key, token stor
 		return fn(b, v, t)
 	})
 	if err != nil && !errors.Is(err, store.ErrNotOwner) {
-		return unavailable(op, err)
+		return store.Unavailable(op, err)
 	}
 	return err
-}
-
-func unavailable(op string, err error) error {
-	return fmt.Errorf("%w: %s: %w", store.ErrUnavailable, op, err)
 }

@@ -197,11 +197,7 @@ func (s *Store) unavailable(op string, err error) error {
 		return fmt.Errorf("%w: %s: table %s does not exist; create it (see DDL) or turn create_table on: %w",
 			store.ErrUnavailable, op, s.db.qualified, err)
 	}
-	return unavailable(op, err)
-}
-
-func unavailable(op string, err error) error {
-	return fmt.Errorf("%w: %s: %w", store.ErrUnavailable, op, err)
+	return store.Unavailable(op, err)
 }
 
 // micros rounds d up to whole microseconds, PostgreSQL's resolution, at

@@ -52,15 +52,15 @@ func (s *Store) Lookup(ctx context.Context, key store.Key) (*store.Record, time.
 		return nil, time.Time{}, nil
 	}
 	if err != nil {
-		return nil, time.Time{}, unavailable("looking up", err)
+		return nil, time.Time{}, store.Unavailable("looking up", err)
 	}
 	val, err := get.Bytes()
 	if err != nil {
-		return nil, time.Time{}, unavailable("looking up", err)
+		return nil, time.Time{}, store.Unavailable("looking up", err)
 	}
 	rec, err := store.DecodeRecord(val)
 	if err != nil {
-		return nil, time.Time{}, unavailable("decoding record", err)
+		return nil, time.Time{}, store.Unavailable("decoding record", err)
 	}
 	return rec, expiry(now(), pttl.Val()), nil
 }
@@ -69,7 +69,7 @@ func (s *Store) Lookup(ctx context.Context, key store.Key) (*store.Record, time.
 func (s *Store) Delete(ctx context.Context, key store.Key) (bool, error) {
 	n, err := s.client.Del(ctx, s.key(key)).Result()
 	if err != nil {
-		return false, unavailable("deleting", err)
+		return false, store.Unavailable("deleting", err)
 	}
 	return n > 0, nil
 }
@@ -96,7 +96,7 @@ func (s *Store) InFlight(ctx context.Context, olderThan time.Duration, limit int
 		err = l.scan(ctx, s.client)
 	}
 	if err != nil {
-		return nil, unavailable("listing claims", err)
+		return nil, store.Unavailable("listing claims", err)
 	}
 	return store.SortEntries(l.found, limit), nil
 }

@@ -317,11 +317,11 @@ func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (*st
 		return nil, nil
 	}
 	if err != nil {
-		return nil, unavailable("acquiring", err)
+		return nil, store.Unavailable("acquiring", err)
 	}
 	rec, err := store.DecodeRecord(old)
 	if err != nil {
-		return nil, unavailable("decoding record", err)
+		return nil, store.Unavailable("decoding record", err)
 	}
 	// go-redis retries a command whose reply was lost; the record found may
 	// then be this very claim, stored by the first attempt.
@@ -360,7 +360,7 @@ func (s *Store) owned(cmd *goredis.Cmd, op string) error {
 	n, err := cmd.Int64()
 	switch {
 	case err != nil:
-		return unavailable(op, err)
+		return store.Unavailable(op, err)
 	case n == 0:
 		return store.ErrNotOwner
 	}
@@ -408,10 +408,6 @@ func owner(token store.Token) []byte {
 // zero expiry, and rounding down could end a lease early.
 func millis(d time.Duration) int64 {
 	return max(1, int64((d+time.Millisecond-1)/time.Millisecond))
-}
-
-func unavailable(op string, err error) error {
-	return fmt.Errorf("%w: %s: %w", store.ErrUnavailable, op, err)
 }
 
 // tlsDialer verifies each server against the host of the address it dials,
