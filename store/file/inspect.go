@@ -3,20 +3,11 @@ package file
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/caddy-idempotency/caddy-idempotency/store"
-)
-
-// Offsets in a stored value (expiry, then the shared codec) of the fields
-// that InFlight reads before deciding to decode a record.
-const (
-	stateOffset   = expiryLen + 1
-	createdOffset = expiryLen + 50
-	headLen       = expiryLen + 61
 )
 
 // registryName is the database file, which alone decides what records a
@@ -81,18 +72,18 @@ func (s *Store) InFlight(ctx context.Context, olderThan time.Duration, limit int
 	var out []store.Entry
 	err := s.db.View(func(tx *bolt.Tx) error {
 		t := now()
-		cutoff := t.Add(-olderThan).UnixNano()
+		cutoff := t.Add(-olderThan)
 		c := tx.Bucket(records).Cursor()
 		scanned := 0
 		for k, v := c.First(); k != nil; k, v = c.Next() {
 			if scanned++; scanned%4096 == 0 && ctx.Err() != nil {
 				return ctx.Err()
 			}
-			if len(k) != len(store.Key{}) || len(v) < headLen || v[stateOffset] != byte(store.InProgress) || !live(v, t) ||
-				int64(binary.BigEndian.Uint64(v[createdOffset:])) > cutoff {
+			head := record(v)
+			if len(k) != len(store.Key{}) || head.State() != store.InProgress || !live(v, t) || head.CreatedAt().After(cutoff) {
 				continue
 			}
-			rec, err := store.DecodeRecord(bytes.Clone(v[expiryLen:]))
+			rec, err := store.DecodeRecord(bytes.Clone(head))
 			if err != nil {
 				continue // not a record this store wrote: leave it to Lookup to report
 			}

@@ -73,7 +73,7 @@ func TestInFlightSkipsForeignValues(t *testing.T) {
 		// A far expiry and an in-progress state byte, but no magic.
 		bad := bytes.Repeat([]byte{0xff}, 100)
 		bad[0] = 0x7f
-		bad[stateOffset] = byte(store.InProgress)
+		bad[expiryLen+1] = byte(store.InProgress) // where the codec keeps the state
 		for key, v := range map[string][]byte{"short-key": bad, strings.Repeat("k", 32): []byte("x"), strings.Repeat("j", 32): bad} {
 			if err := b.Put([]byte(key), v); err != nil {
 				return err

@@ -15,13 +15,9 @@ import (
 
 // A stored value is the record's expiry, Unix nanoseconds big endian (the
 // lease end while in progress, the TTL end once completed), followed by the
-// record in the shared codec. The fixed prefix lets the sweeper and the
-// owner check read a record's life and owner without decoding it.
-const (
-	expiryLen   = 8
-	tokenOffset = expiryLen + store.TokenOffset
-	ownerEnd    = tokenOffset + len(store.Token{})
-)
+// record in the shared codec. The fixed prefix lets the sweeper read a
+// record's life, and the codec's head its owner, without decoding it.
+const expiryLen = 8
 
 // now is replaced by tests.
 var now = time.Now
@@ -34,10 +30,17 @@ func live(v []byte, t time.Time) bool {
 	return len(v) >= expiryLen && t.UnixNano() < expiresAt(v)
 }
 
+// record is the encoded record of v, empty (no record) if v is too short.
+func record(v []byte) store.Encoded {
+	if len(v) < expiryLen {
+		return nil
+	}
+	return v[expiryLen:]
+}
+
 // ownedBy reports whether v is a live in-progress claim held by token.
 func ownedBy(v []byte, token store.Token, t time.Time) bool {
-	return live(v, t) && len(v) >= ownerEnd &&
-		v[expiryLen+1] == byte(store.InProgress) && bytes.Equal(v[tokenOffset:ownerEnd], token[:])
+	return live(v, t) && record(v).ClaimedBy(token)
 }
 
 // expiry starts a value: the big-endian Unix nanoseconds at which it
@@ -49,7 +52,7 @@ func expiry(at time.Time) []byte {
 // deadClaim reports whether v is an in-progress claim whose lease has
 // passed: its owner died or stalled, and claiming the key takes it over.
 func deadClaim(v []byte, t time.Time) bool {
-	return len(v) >= ownerEnd && !live(v, t) && v[expiryLen+1] == byte(store.InProgress)
+	return !live(v, t) && record(v).State() == store.InProgress
 }
 
 // liveRecord returns the live record of key, copied out of the
@@ -59,7 +62,7 @@ func liveRecord(b *bolt.Bucket, key store.Key, t time.Time) (*store.Record, erro
 	if !live(v, t) {
 		return nil, nil
 	}
-	rec, err := store.DecodeRecord(bytes.Clone(v[expiryLen:]))
+	rec, err := store.DecodeRecord(bytes.Clone(record(v)))
 	if err != nil {
 		return nil, fmt.Errorf("decoding record: %w", err)
 	}

@@ -68,7 +68,7 @@ func (t *table) claims(n, cutoff time.Time) ([]store.Entry, error) {
 	nano := n.UnixNano()
 	var out []store.Entry
 	for k, e := range t.entries {
-		if e.state() != store.InProgress || nano >= e.expires {
+		if e.blob.State() != store.InProgress || nano >= e.expires {
 			continue
 		}
 		rec, err := store.DecodeRecord(e.blob)

@@ -36,19 +36,16 @@ type entry struct {
 	key store.Key
 	// blob is the encoded record. It is never written once built (a new
 	// blob replaces it), so records decoded from it may alias it, and it
-	// may be decoded outside the lock.
-	blob []byte
+	// may be decoded outside the lock. Its head tells the state and the
+	// owner, so that ownership is checked without decoding, as the Redis
+	// store's scripts do.
+	blob store.Encoded
 	// expires is the end of the lease or TTL, in Unix nanoseconds: a
 	// time.Time would hold a *Location for the GC to follow.
 	expires    int64
 	size       int64
 	prev, next *entry // in the eviction list, once completed
 }
-
-// The codec puts the state at byte 1 and the owner token at TokenOffset, so
-// ownership is checked without decoding, as the Redis store's scripts do.
-func (e *entry) state() store.State { return store.State(e.blob[1]) }
-func (e *entry) token() store.Token { return store.Token(e.blob[store.TokenOffset:]) }
 
 func newTable(maxEntries int, maxBytes int64) *table {
 	t := &table{
@@ -99,7 +96,7 @@ func (t *table) live(k store.Key, n int64) *entry {
 
 func (t *table) remove(e *entry) {
 	delete(t.entries, e.key)
-	if e.state() == store.Completed {
+	if e.blob.State() == store.Completed {
 		t.unlink(e)
 	}
 	t.bytes -= e.size
@@ -110,7 +107,7 @@ func (t *table) insert(e *entry) {
 	e.size = int64(len(e.blob) + entryOverhead)
 	t.entries[e.key] = e
 	t.bytes += e.size
-	if e.state() == store.Completed {
+	if e.blob.State() == store.Completed {
 		e.prev, e.next = t.newest, nil
 		if t.newest != nil {
 			t.newest.next = e
@@ -138,7 +135,7 @@ func (t *table) unlink(e *entry) {
 // owned returns k's in-progress entry if tok holds it.
 func (t *table) owned(k store.Key, tok store.Token, n int64) (*entry, error) {
 	e := t.live(k, n)
-	if e == nil || e.state() != store.InProgress || e.token() != tok {
+	if e == nil || !e.blob.ClaimedBy(tok) {
 		return nil, store.ErrNotOwner
 	}
 	return e, nil
@@ -176,7 +173,7 @@ func (t *table) claim(k store.Key, c *store.Claim) ([]byte, error) {
 	// An expired claim still here (the sweeper has not dropped it yet) is a
 	// dead owner's: claiming the key now takes it over.
 	old := t.entries[k]
-	dead := old != nil && nano >= old.expires && old.state() == store.InProgress
+	dead := old != nil && nano >= old.expires && old.blob.State() == store.InProgress
 	if e := t.live(k, nano); e != nil {
 		return e.blob, nil
 	}

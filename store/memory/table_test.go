@@ -91,7 +91,7 @@ func TestEvictionOrderAndAccounting(t *testing.T) {
 			t.Fatalf("blob of %d bytes has capacity %d", len(e.blob), cap(e.blob))
 		}
 		bytes += e.size
-		if e.state() == store.InProgress {
+		if e.blob.State() == store.InProgress {
 			inProgress++
 		}
 	}
@@ -102,7 +102,7 @@ func TestEvictionOrderAndAccounting(t *testing.T) {
 		t.Fatalf("%d entries of %d bytes, over the bounds", len(tab.entries), tab.bytes)
 	}
 	for _, k := range claims {
-		if e := tab.entries[k]; e == nil || e.state() != store.InProgress {
+		if e := tab.entries[k]; e == nil || e.blob.State() != store.InProgress {
 			t.Fatal("a claim in flight was evicted")
 		}
 	}

@@ -172,7 +172,7 @@ func (l *lister) inspect(ctx context.Context, c goredis.Cmdable, keys []string) 
 		}
 		ttl := ttls[i].Val()
 		// A key deleted or expired since SCAN saw it reads as "" and -2.
-		if len(head) < 2 || head[1] != byte(store.InProgress) || ttl == -2 {
+		if store.Encoded(head).State() != store.InProgress || ttl == -2 {
 			continue
 		}
 		if len(head) >= peekLen {

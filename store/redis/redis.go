@@ -245,11 +245,11 @@ func (s Store) String() string {
 // GoString keeps %#v from printing the password.
 func (s Store) GoString() string { return s.String() }
 
-// The first 18 bytes of a record are its magic, state and owner token, so a
-// script can check "in progress and owned by this token" with one compare
-// of a GETRANGE, whatever the size of the record.
-const ownerLen = store.TokenOffset + len(store.Token{})
-
+// The scripts check "in progress and owned by this token" with one compare
+// of a GETRANGE, whatever the size of the record: ARGV[1] is the claim's
+// owner prefix (store.AppendOwner), and its length is how much of the
+// record they read.
+//
 // complete swaps an owned claim for the completed record ARGV[2], which
 // the handler encodes whole (the claim's binding included), so the script
 // only compares the owner prefix and SETs. When go-redis resends the script
@@ -257,22 +257,22 @@ const ownerLen = store.TokenOffset + len(store.Token{})
 // prefix (state completed, same token) and must report success rather than
 // a lost claim.
 var completeScript = goredis.NewScript(`
-local head = redis.call('GETRANGE', KEYS[1], 0, 17)
+local head = redis.call('GETRANGE', KEYS[1], 0, #ARGV[1] - 1)
 if head == ARGV[1] then
 	redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 	return 1
 end
-if head == string.sub(ARGV[2], 1, 18) then return 1 end
+if head == string.sub(ARGV[2], 1, #ARGV[1]) then return 1 end
 return 0
 `)
 
 var releaseScript = goredis.NewScript(`
-if redis.call('GETRANGE', KEYS[1], 0, 17) ~= ARGV[1] then return 0 end
+if redis.call('GETRANGE', KEYS[1], 0, #ARGV[1] - 1) ~= ARGV[1] then return 0 end
 return redis.call('DEL', KEYS[1])
 `)
 
 var renewScript = goredis.NewScript(`
-if redis.call('GETRANGE', KEYS[1], 0, 17) ~= ARGV[1] then return 0 end
+if redis.call('GETRANGE', KEYS[1], 0, #ARGV[1] - 1) ~= ARGV[1] then return 0 end
 return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 `)
 
@@ -397,11 +397,9 @@ func putBuffer(b *[]byte) {
 	}
 }
 
-// owner is the record prefix of a claim held by token.
+// owner is the owner prefix of a claim held by token, for the scripts.
 func owner(token store.Token) []byte {
-	b := make([]byte, 0, ownerLen)
-	b = append(b, 'I', byte(store.InProgress))
-	return append(b, token[:]...)
+	return store.AppendOwner(make([]byte, 0, store.OwnerLen), token)
 }
 
 // millis rounds d up to whole milliseconds, at least one: Redis refuses a
