@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
 	"go.uber.org/zap"
@@ -126,36 +125,6 @@ func (s *Store) Cleanup() error {
 	}
 	if err := store.Detach(s, s.name, databases, &s.poolKey); err != nil {
 		return fmt.Errorf("closing idempotency database: %w", err)
-	}
-	return nil
-}
-
-// UnmarshalCaddyfile sets up the store from Caddyfile tokens. Syntax:
-//
-//	file {
-//	    path <directory>
-//	}
-func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	d.Next() // the module name
-	if d.NextArg() {
-		return d.Errf("unexpected argument '%s'; options go in a block", d.Val())
-	}
-	for d.NextBlock(0) {
-		switch opt := d.Val(); opt {
-		case "path":
-			if s.Path != "" {
-				return d.Errf("duplicate subdirective '%s'", opt)
-			}
-			if !d.NextArg() {
-				return d.Errf("%s: expected a directory", opt)
-			}
-			s.Path = d.Val()
-			if d.NextArg() {
-				return d.Errf("%s: unexpected extra argument '%s'", opt, d.Val())
-			}
-		default:
-			return d.Errf("unrecognized subdirective '%s'", opt)
-		}
 	}
 	return nil
 }
@@ -272,9 +241,8 @@ func (d *database) sweep(ctx context.Context, batch int, afterBatch func()) (del
 
 // Interface guards
 var (
-	_ store.Store           = (*Store)(nil)
-	_ caddy.Provisioner     = (*Store)(nil)
-	_ caddy.Validator       = (*Store)(nil)
-	_ caddy.CleanerUpper    = (*Store)(nil)
-	_ caddyfile.Unmarshaler = (*Store)(nil)
+	_ store.Store        = (*Store)(nil)
+	_ caddy.Provisioner  = (*Store)(nil)
+	_ caddy.Validator    = (*Store)(nil)
+	_ caddy.CleanerUpper = (*Store)(nil)
 )

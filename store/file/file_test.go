@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
 
@@ -196,33 +195,6 @@ func TestSweepStopsWithContext(t *testing.T) {
 	cancel()
 	if _, err := s.db.sweep(ctx, 10, nil); !errors.Is(err, context.Canceled) {
 		t.Fatalf("sweep with a done context = %v", err)
-	}
-}
-
-func TestUnmarshalCaddyfile(t *testing.T) {
-	for _, tc := range []struct {
-		in, want, wantErr string
-	}{
-		{in: `file`, want: ""},
-		{in: "file {\n path /var/lib/caddy/idem\n}", want: "/var/lib/caddy/idem"},
-		{in: "file {\n path {env.STATE_DIRECTORY}\n}", want: "{env.STATE_DIRECTORY}"},
-		{in: `file /tmp`, wantErr: "unexpected argument '/tmp'"},
-		{in: "file {\n path\n}", wantErr: "path: expected a directory"},
-		{in: "file {\n path a b\n}", wantErr: "path: unexpected extra argument 'b'"},
-		{in: "file {\n path a\n path b\n}", wantErr: "duplicate subdirective 'path'"},
-		{in: "file {\n color blue\n}", wantErr: "unrecognized subdirective 'color'"},
-	} {
-		var got Store
-		err := got.UnmarshalCaddyfile(caddyfile.NewTestDispenser(tc.in))
-		if tc.wantErr != "" {
-			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-				t.Errorf("%q: error %v, want one containing %q", tc.in, err, tc.wantErr)
-			}
-			continue
-		}
-		if err != nil || got.Path != tc.want {
-			t.Errorf("%q: got path %q, %v; want %q", tc.in, got.Path, err, tc.want)
-		}
 	}
 }
 

@@ -6,12 +6,9 @@ package memory
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
-	"github.com/dustin/go-humanize"
 
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
@@ -98,52 +95,6 @@ func (m *Memory) Cleanup() error {
 	return store.Detach(m, m.name, tables, &m.poolKey)
 }
 
-// UnmarshalCaddyfile sets up the store from Caddyfile tokens:
-//
-//	store memory {
-//		max_entries <n>
-//		max_bytes   <size>
-//	}
-func (m *Memory) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	d.Next() // the module name
-	if d.NextArg() {
-		return d.ArgErr()
-	}
-	for d.NextBlock(0) {
-		opt := d.Val()
-		if !d.NextArg() {
-			return d.ArgErr()
-		}
-		val := d.Val()
-		if d.NextArg() {
-			return d.ArgErr()
-		}
-		switch opt {
-		case "max_entries":
-			if m.MaxEntries != 0 {
-				return d.Errf("max_entries already specified")
-			}
-			n, err := strconv.Atoi(val)
-			if err != nil || n <= 0 {
-				return d.Errf("invalid max_entries '%s': want a positive integer", val)
-			}
-			m.MaxEntries = n
-		case "max_bytes":
-			if m.MaxBytes != 0 {
-				return d.Errf("max_bytes already specified")
-			}
-			n, err := humanize.ParseBytes(val)
-			if err != nil || n == 0 || n > 1<<62 {
-				return d.Errf("invalid max_bytes '%s': want a size such as 256MiB", val)
-			}
-			m.MaxBytes = int64(n)
-		default:
-			return d.Errf("unrecognized subdirective '%s'", opt)
-		}
-	}
-	return nil
-}
-
 func (m *Memory) Acquire(_ context.Context, k store.Key, c *store.Claim) (*store.Record, error) {
 	return m.tab.acquire(k, c)
 }
@@ -162,9 +113,8 @@ func (m *Memory) Renew(_ context.Context, k store.Key, tok store.Token, lease ti
 
 // Interface guards
 var (
-	_ store.Store           = (*Memory)(nil)
-	_ caddy.Provisioner     = (*Memory)(nil)
-	_ caddy.Validator       = (*Memory)(nil)
-	_ caddy.CleanerUpper    = (*Memory)(nil)
-	_ caddyfile.Unmarshaler = (*Memory)(nil)
+	_ store.Store        = (*Memory)(nil)
+	_ caddy.Provisioner  = (*Memory)(nil)
+	_ caddy.Validator    = (*Memory)(nil)
+	_ caddy.CleanerUpper = (*Memory)(nil)
 )

@@ -18,11 +18,9 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	goredis "github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
-	"github.com/caddy-idempotency/caddy-idempotency/internal/cfarg"
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
@@ -424,82 +422,10 @@ func tlsDialer(timeout time.Duration) func(ctx context.Context, network, addr st
 	}
 }
 
-// UnmarshalCaddyfile sets up the store from Caddyfile tokens. Syntax:
-//
-//	redis {
-//	    address      <host:port>...
-//	    master_name  <name>
-//	    username     <username>
-//	    password     <password>
-//	    db           <number>
-//	    key_prefix   <prefix>
-//	    tls
-//	    dial_timeout  <duration>
-//	    read_timeout  <duration>
-//	    write_timeout <duration>
-//	    pool_size    <number>
-//	}
-//
-// address may be repeated; every other option may be given once.
-func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	d.Next() // the module name
-	if d.NextArg() {
-		return d.Errf("unexpected argument '%s'; options go in a block", d.Val())
-	}
-	seen := make(map[string]bool)
-	for d.NextBlock(0) {
-		opt := d.Val()
-		if seen[opt] && opt != "address" {
-			return d.Errf("duplicate subdirective '%s'", opt)
-		}
-		seen[opt] = true
-
-		var err error
-		switch opt {
-		case "address":
-			args := d.RemainingArgs()
-			if len(args) == 0 {
-				return d.Errf("%s: expected at least one host:port", opt)
-			}
-			s.Addresses = append(s.Addresses, args...)
-		case "master_name":
-			s.MasterName, err = cfarg.One(d, opt)
-		case "username":
-			s.Username, err = cfarg.One(d, opt)
-		case "password":
-			s.Password, err = cfarg.One(d, opt)
-		case "key_prefix":
-			s.KeyPrefix, err = cfarg.One(d, opt)
-		case "db":
-			s.DB, err = cfarg.Count(d, opt)
-		case "pool_size":
-			s.PoolSize, err = cfarg.Count(d, opt)
-		case "tls":
-			if d.NextArg() {
-				return d.Errf("%s: unexpected argument '%s'", opt, d.Val())
-			}
-			s.TLS = true
-		case "dial_timeout":
-			s.DialTimeout, err = cfarg.Duration(d, opt, false)
-		case "read_timeout":
-			s.ReadTimeout, err = cfarg.Duration(d, opt, false)
-		case "write_timeout":
-			s.WriteTimeout, err = cfarg.Duration(d, opt, false)
-		default:
-			return d.Errf("unrecognized subdirective '%s'", opt)
-		}
-		if err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 // Interface guards
 var (
-	_ store.Store           = (*Store)(nil)
-	_ caddy.Provisioner     = (*Store)(nil)
-	_ caddy.Validator       = (*Store)(nil)
-	_ caddy.CleanerUpper    = (*Store)(nil)
-	_ caddyfile.Unmarshaler = (*Store)(nil)
+	_ store.Store        = (*Store)(nil)
+	_ caddy.Provisioner  = (*Store)(nil)
+	_ caddy.Validator    = (*Store)(nil)
+	_ caddy.CleanerUpper = (*Store)(nil)
 )
