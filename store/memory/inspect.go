@@ -8,9 +8,9 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
-// name is the registry name of the table a store with these limits uses:
+// registryName is the registry name of the table a store with these limits uses:
 // every store with the same limits shares one table.
-func name(maxEntries int, maxBytes int64) string {
+func registryName(maxEntries int, maxBytes int64) string {
 	return fmt.Sprintf("memory:%d/%d", maxEntries, maxBytes)
 }
 

@@ -4,9 +4,7 @@
 package memory
 
 import (
-	"context"
 	"fmt"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
 
@@ -20,12 +18,6 @@ func init() {
 const (
 	defaultMaxEntries = 100_000
 	defaultMaxBytes   = 256 << 20
-	sweepInterval     = time.Minute
-	// entryOverhead approximates what one record costs beyond its encoded
-	// blob, so max_bytes stays honest for many small records: the entry
-	// struct (88 bytes, a 96-byte allocation) and its map slot (a 32-byte
-	// key and a pointer, in a map 7/16 to 7/8 full: 46 to 92 bytes).
-	entryOverhead = 160
 )
 
 // tables keeps the maps alive across config reloads: a reload must not
@@ -72,7 +64,7 @@ func (m *Memory) Provision(caddy.Context) error {
 		return err
 	}
 	m.tab = val.(*table)
-	m.name = name(m.MaxEntries, m.MaxBytes)
+	m.name = registryName(m.MaxEntries, m.MaxBytes)
 	store.Register(m.name, m)
 	return nil
 }
@@ -95,25 +87,8 @@ func (m *Memory) Cleanup() error {
 	return store.Detach(m, m.name, tables, &m.poolKey)
 }
 
-func (m *Memory) Acquire(_ context.Context, k store.Key, c *store.Claim) (*store.Record, error) {
-	return m.tab.acquire(k, c)
-}
-
-func (m *Memory) Complete(_ context.Context, k store.Key, c *store.Claim, rec *store.Record, ttl time.Duration) error {
-	return m.tab.complete(k, c, rec, ttl)
-}
-
-func (m *Memory) Release(_ context.Context, k store.Key, tok store.Token) error {
-	return m.tab.release(k, tok)
-}
-
-func (m *Memory) Renew(_ context.Context, k store.Key, tok store.Token, lease time.Duration) error {
-	return m.tab.renew(k, tok, lease)
-}
-
 // Interface guards
 var (
-	_ store.Store        = (*Memory)(nil)
 	_ caddy.Provisioner  = (*Memory)(nil)
 	_ caddy.Validator    = (*Memory)(nil)
 	_ caddy.CleanerUpper = (*Memory)(nil)
