@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
-	"fmt"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -13,60 +12,15 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
-// A stored value is the record's expiry, Unix nanoseconds big endian (the
-// lease end while in progress, the TTL end once completed), followed by the
-// record in the shared codec. The fixed prefix lets the sweeper read a
-// record's life, and the codec's head its owner, without decoding it.
-const expiryLen = 8
-
-// now is replaced by tests.
-var now = time.Now
-
-func expiresAt(v []byte) int64 { return int64(binary.BigEndian.Uint64(v)) }
-
-// live reports whether v holds a record whose lease or TTL has not passed.
-// A value too short to hold an expiry is treated as absent.
-func live(v []byte, t time.Time) bool {
-	return len(v) >= expiryLen && t.UnixNano() < expiresAt(v)
-}
-
-// record is the encoded record of v, empty (no record) if v is too short.
-func record(v []byte) store.Encoded {
-	if len(v) < expiryLen {
-		return nil
-	}
-	return v[expiryLen:]
-}
-
 // ownedBy reports whether v is a live in-progress claim held by token.
 func ownedBy(v []byte, token store.Token, t time.Time) bool {
 	return live(v, t) && record(v).ClaimedBy(token)
-}
-
-// expiry starts a value: the big-endian Unix nanoseconds at which it
-// expires, to which the record's encoding is appended.
-func expiry(at time.Time) []byte {
-	return binary.BigEndian.AppendUint64(make([]byte, 0, expiryLen), uint64(at.UnixNano()))
 }
 
 // deadClaim reports whether v is an in-progress claim whose lease has
 // passed: its owner died or stalled, and claiming the key takes it over.
 func deadClaim(v []byte, t time.Time) bool {
 	return !live(v, t) && record(v).State() == store.InProgress
-}
-
-// liveRecord returns the live record of key, copied out of the
-// transaction's memory, or nil.
-func liveRecord(b *bolt.Bucket, key store.Key, t time.Time) (*store.Record, error) {
-	v := b.Get(key[:])
-	if !live(v, t) {
-		return nil, nil
-	}
-	rec, err := store.DecodeRecord(bytes.Clone(record(v)))
-	if err != nil {
-		return nil, fmt.Errorf("decoding record: %w", err)
-	}
-	return rec, nil
 }
 
 // Acquire claims key for c unless a live record exists. A read-only
@@ -157,3 +111,5 @@ func (s *Store) update(ctx context.Context, op string, key store.Key, token stor
 	}
 	return err
 }
+
+var _ store.Store = (*Store)(nil)
