@@ -3,9 +3,14 @@ package postgres
 import (
 	"context"
 	"errors"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
+	"github.com/caddy-idempotency/caddy-idempotency/store"
 	"github.com/caddy-idempotency/caddy-idempotency/store/storetest"
 )
 
@@ -130,5 +135,49 @@ func TestReaperRunsAndStops(t *testing.T) {
 	case <-db.done:
 	case <-time.After(5 * time.Second):
 		t.Fatal("the reaper still runs after Cleanup")
+	}
+}
+
+func TestCreateTableOff(t *testing.T) {
+	off := false
+	table := newTable()
+	s := provision(t, &Store{DSN: shared.DSN(), Table: table, CreateTable: &off})
+	_, err := s.Acquire(context.Background(), storetest.NewKey(), claim(time.Minute))
+	if !errors.Is(err, store.ErrUnavailable) || !strings.Contains(err.Error(), "does not exist") ||
+		!strings.Contains(err.Error(), "create_table") {
+		t.Fatalf("Acquire on a missing table = %v, want ErrUnavailable naming the table and create_table", err)
+	}
+	// What a migration would run.
+	sqlExec(t, shared.DSN(), DDL("", table))
+	if rec, err := s.Acquire(context.Background(), storetest.NewKey(), claim(time.Minute)); rec != nil || err != nil {
+		t.Fatalf("Acquire once the table exists = %+v, %v", rec, err)
+	}
+}
+
+// Many instances starting at once all create the same table; none fails.
+func TestCreateTableConcurrently(t *testing.T) {
+	sqlExec(t, shared.DSN(), `CREATE SCHEMA IF NOT EXISTS "App"`)
+	table := newTable()
+	var wg sync.WaitGroup
+	for i := range 8 {
+		// A distinct max_conns gives each its own pool, as separate
+		// processes would have.
+		s := provision(t, &Store{DSN: shared.DSN(), Schema: "App", Table: table, MaxConns: i + 1})
+		wg.Go(func() {
+			if _, err := s.Acquire(context.Background(), storetest.NewKey(), claim(time.Minute)); err != nil {
+				t.Errorf("Acquire: %v", err)
+			}
+		})
+	}
+	wg.Wait()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, shared.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var n int
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM "App".`+qualify("", table)).Scan(&n); err != nil || n != 8 {
+		t.Fatalf("%d rows in the schema's table (%v), want 8", n, err)
 	}
 }
