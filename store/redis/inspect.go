@@ -2,7 +2,6 @@ package redis
 
 import (
 	"context"
-	"encoding/hex"
 	"errors"
 	"slices"
 	"strconv"
@@ -198,23 +197,6 @@ func (l *lister) inspect(ctx context.Context, c goredis.Cmdable, keys []string) 
 	return nil
 }
 
-// parseKey recovers the store key from a Redis key, <prefix>:{<hex>}.
-func parseKey(k, prefix string) (store.Key, bool) {
-	var key store.Key
-	h, ok := strings.CutPrefix(k, prefix)
-	if !ok {
-		return key, false
-	}
-	h, ok = strings.CutSuffix(h, "}")
-	if !ok || len(h) != 2*len(key) {
-		return key, false
-	}
-	if _, err := hex.Decode(key[:], []byte(h)); err != nil {
-		return key, false
-	}
-	return key, true
-}
-
 // expiry turns a PTTL answer into a time: zero when the key has no expiry
 // (-1) or is gone (-2).
 func expiry(t time.Time, ttl time.Duration) time.Time {
@@ -222,19 +204,6 @@ func expiry(t time.Time, ttl time.Duration) time.Time {
 		return time.Time{}
 	}
 	return t.Add(ttl)
-}
-
-// globEscape quotes the characters that SCAN's MATCH pattern treats
-// specially, so that the prefix matches itself only.
-func globEscape(s string) string {
-	var b strings.Builder
-	for _, r := range s {
-		if strings.ContainsRune(`*?[]\^`, r) {
-			b.WriteByte('\\')
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
 }
 
 var _ store.Inspector = (*Store)(nil)

@@ -134,9 +134,3 @@ func TestRegistryName(t *testing.T) {
 		t.Fatalf("Sentinel name %q, want %q", got, want)
 	}
 }
-
-func TestGlobEscape(t *testing.T) {
-	if got, want := globEscape(`a*b?c[d]e\f^g`), `a\*b\?c\[d\]e\\f\^g`; got != want {
-		t.Fatalf("globEscape = %q, want %q", got, want)
-	}
-}
