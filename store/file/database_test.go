@@ -35,7 +35,7 @@ func TestLockedByAnotherProcess(t *testing.T) {
 }
 
 func TestSweepDeletesExpiredInBatches(t *testing.T) {
-	s := provision(t, &Store{Path: t.TempDir()})
+	s := storetest.Provision(t, &Store{Path: t.TempDir()})
 	ctx := context.Background()
 	put := func(n int, ttl time.Duration) {
 		for range n {
@@ -71,7 +71,7 @@ func TestSweepDeletesExpiredInBatches(t *testing.T) {
 }
 
 func TestSweepStopsWithContext(t *testing.T) {
-	s := provision(t, &Store{Path: t.TempDir()})
+	s := storetest.Provision(t, &Store{Path: t.TempDir()})
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	if _, err := s.db.sweep(ctx, 10, nil); !errors.Is(err, context.Canceled) {
@@ -84,7 +84,7 @@ func TestSweepStopsWithContext(t *testing.T) {
 func TestSweeperRunsAndStops(t *testing.T) {
 	defer func(d time.Duration) { sweepInterval = d }(sweepInterval)
 	sweepInterval = 20 * time.Millisecond
-	s := provision(t, &Store{Path: t.TempDir()})
+	s := storetest.Provision(t, &Store{Path: t.TempDir()})
 	ctx := context.Background()
 	k, c := storetest.NewKey(), claim(time.Millisecond)
 	if _, err := s.Acquire(ctx, k, c); err != nil {

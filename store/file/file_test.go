@@ -14,23 +14,6 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/store/storetest"
 )
 
-// provision provisions s as Caddy would and cleans it up after the test.
-func provision(t testing.TB, s *Store) *Store {
-	t.Helper()
-	if err := tryProvision(s); err != nil {
-		t.Fatalf("Provision: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := s.Cleanup(); err != nil {
-			t.Errorf("Cleanup: %v", err)
-		}
-	})
-	if err := s.Validate(); err != nil {
-		t.Fatalf("Validate: %v", err)
-	}
-	return s
-}
-
 func tryProvision(s *Store) error {
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 	defer cancel()
@@ -42,7 +25,7 @@ func claim(lease time.Duration) *store.Claim {
 }
 
 func TestUnavailableOnceClosed(t *testing.T) {
-	s := provision(t, &Store{Path: t.TempDir()})
+	s := storetest.Provision(t, &Store{Path: t.TempDir()})
 	s.Cleanup()
 	storetest.CheckUnavailable(t, s)
 }
@@ -50,7 +33,7 @@ func TestUnavailableOnceClosed(t *testing.T) {
 func TestDefaultPath(t *testing.T) {
 	data := t.TempDir()
 	t.Setenv("XDG_DATA_HOME", data)
-	provision(t, &Store{})
+	storetest.Provision(t, &Store{})
 	if _, err := os.Stat(filepath.Join(data, "caddy", "idempotency", "idempotency.db")); err != nil {
 		t.Fatalf("database not in Caddy's data directory: %v", err)
 	}
@@ -60,13 +43,13 @@ func TestDefaultPath(t *testing.T) {
 // must attach to the open database, not wait for bbolt's lock.
 func TestSharedAcrossReloads(t *testing.T) {
 	dir := t.TempDir()
-	a := provision(t, &Store{Path: dir})
+	a := storetest.Provision(t, &Store{Path: dir})
 	k, c := storetest.NewKey(), claim(time.Minute)
 	if _, err := a.Acquire(context.Background(), k, c); err != nil {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	b := provision(t, &Store{Path: dir + "/./"})
+	b := storetest.Provision(t, &Store{Path: dir + "/./"})
 	if took := time.Since(start); took >= lockTimeout/2 {
 		t.Errorf("the second Provision took %v: it waited for the lock", took)
 	}

@@ -10,8 +10,8 @@ import (
 )
 
 func TestContract(t *testing.T) {
-	storetest.Run(t, func(t *testing.T) store.Store { return provision(t, &Store{Path: t.TempDir()}) })
-	storetest.RunTakeover(t, func(t *testing.T) store.Store { return provision(t, &Store{Path: t.TempDir()}) })
+	storetest.Run(t, func(t *testing.T) store.Store { return storetest.Provision(t, &Store{Path: t.TempDir()}) })
+	storetest.RunTakeover(t, func(t *testing.T) store.Store { return storetest.Provision(t, &Store{Path: t.TempDir()}) })
 }
 
 // A completed record and an in-progress claim survive closing the file;
@@ -19,7 +19,7 @@ func TestContract(t *testing.T) {
 func TestPersistence(t *testing.T) {
 	dir := t.TempDir()
 	ctx := context.Background()
-	s := provision(t, &Store{Path: dir})
+	s := storetest.Provision(t, &Store{Path: dir})
 	done, doneClaim := storetest.NewKey(), claim(time.Minute)
 	held, heldClaim := storetest.NewKey(), claim(500*time.Millisecond)
 	if _, err := s.Acquire(ctx, done, doneClaim); err != nil {
@@ -33,7 +33,7 @@ func TestPersistence(t *testing.T) {
 	}
 	s.Cleanup()
 
-	s = provision(t, &Store{Path: dir})
+	s = storetest.Provision(t, &Store{Path: dir})
 	if rec, err := s.Acquire(ctx, done, claim(time.Minute)); err != nil || rec == nil ||
 		rec.State != store.Completed || string(rec.Body) != "kept" || rec.Endpoint != doneClaim.Endpoint {
 		t.Fatalf("completed record after reopening = %+v, %v", rec, err)
@@ -48,7 +48,7 @@ func TestPersistence(t *testing.T) {
 }
 
 func BenchmarkAcquireNewKey(b *testing.B) {
-	s := provision(b, &Store{Path: b.TempDir()})
+	s := storetest.Provision(b, &Store{Path: b.TempDir()})
 	ctx := context.Background()
 	c := claim(time.Minute)
 	b.ReportAllocs()
@@ -60,7 +60,7 @@ func BenchmarkAcquireNewKey(b *testing.B) {
 }
 
 func BenchmarkReplay(b *testing.B) {
-	s := provision(b, &Store{Path: b.TempDir()})
+	s := storetest.Provision(b, &Store{Path: b.TempDir()})
 	ctx := context.Background()
 	k, c := storetest.NewKey(), claim(time.Minute)
 	if _, err := s.Acquire(ctx, k, c); err != nil {

@@ -5,34 +5,18 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
-
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 	"github.com/caddy-idempotency/caddy-idempotency/store/storetest"
 )
 
-func open(t testing.TB, m *Memory) *Memory {
-	t.Helper()
-	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-	t.Cleanup(cancel)
-	if err := m.Provision(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := m.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Cleanup() })
-	return m
-}
-
 func TestSharedAcrossReloads(t *testing.T) {
-	a := open(t, &Memory{MaxEntries: 7})
+	a := storetest.Provision(t, &Memory{MaxEntries: 7})
 	k, c := storetest.NewKey(), &store.Claim{Token: storetest.NewToken(), Lease: time.Minute}
 	if rec, _ := a.Acquire(context.Background(), k, c); rec != nil {
 		t.Fatal("claim failed")
 	}
 	// A reload provisions a new module before the old one is cleaned up.
-	b := open(t, &Memory{MaxEntries: 7})
+	b := storetest.Provision(t, &Memory{MaxEntries: 7})
 	a.Cleanup()
 	a.Cleanup() // idempotent
 	if rec, _ := b.Acquire(context.Background(), k, &store.Claim{Lease: time.Minute}); rec == nil || rec.Token != c.Token {

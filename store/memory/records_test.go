@@ -13,14 +13,14 @@ import (
 )
 
 func TestContract(t *testing.T) {
-	storetest.Run(t, func(t *testing.T) store.Store { return open(t, &Memory{}) })
-	storetest.RunTakeover(t, func(t *testing.T) store.Store { return open(t, &Memory{}) })
+	storetest.Run(t, func(t *testing.T) store.Store { return storetest.Provision(t, &Memory{}) })
+	storetest.RunTakeover(t, func(t *testing.T) store.Store { return storetest.Provision(t, &Memory{}) })
 }
 
 // A replay is the response as it was completed, whatever the caller did
 // to its own header map and body afterwards: the blob holds a copy.
 func TestReplayIsExact(t *testing.T) {
-	m := open(t, &Memory{})
+	m := storetest.Provision(t, &Memory{})
 	ctx := context.Background()
 	k, c := acquire(t, m, "POST api.example.com/orders")
 	hdr := http.Header{

@@ -49,7 +49,7 @@ func TestEntryIsNearlyPointerFree(t *testing.T) {
 // the byte count is the sum of what the entries account for, and no claim
 // was evicted.
 func TestEvictionOrderAndAccounting(t *testing.T) {
-	m := open(t, &Memory{MaxEntries: 50, MaxBytes: 40_000})
+	m := storetest.Provision(t, &Memory{MaxEntries: 50, MaxBytes: 40_000})
 	ctx := context.Background()
 	var completed []store.Key // in completion order
 	var claims []store.Key
@@ -116,7 +116,7 @@ func TestEvictionOrderAndAccounting(t *testing.T) {
 }
 
 func TestBoundedEntriesEvictsOldestCompleted(t *testing.T) {
-	m := open(t, &Memory{MaxEntries: 3, MaxBytes: 1 << 30})
+	m := storetest.Provision(t, &Memory{MaxEntries: 3, MaxBytes: 1 << 30})
 	ctx := context.Background()
 	keys := make([]store.Key, 4)
 	for i := range keys {
@@ -138,7 +138,7 @@ func TestBoundedEntriesEvictsOldestCompleted(t *testing.T) {
 }
 
 func TestFullOfClaimsFailsInsteadOfEvicting(t *testing.T) {
-	m := open(t, &Memory{MaxEntries: 2, MaxBytes: 1 << 30})
+	m := storetest.Provision(t, &Memory{MaxEntries: 2, MaxBytes: 1 << 30})
 	ctx := context.Background()
 	for range 2 {
 		if _, err := m.Acquire(ctx, storetest.NewKey(), &store.Claim{Lease: time.Minute}); err != nil {
@@ -152,7 +152,7 @@ func TestFullOfClaimsFailsInsteadOfEvicting(t *testing.T) {
 }
 
 func TestBoundedBytes(t *testing.T) {
-	m := open(t, &Memory{MaxEntries: 1000, MaxBytes: 10_000})
+	m := storetest.Provision(t, &Memory{MaxEntries: 1000, MaxBytes: 10_000})
 	ctx := context.Background()
 	for range 20 {
 		k, c := storetest.NewKey(), &store.Claim{Token: storetest.NewToken(), Lease: time.Minute}
@@ -169,7 +169,7 @@ func TestBoundedBytes(t *testing.T) {
 }
 
 func TestSweepDropsExpired(t *testing.T) {
-	m := open(t, &Memory{MaxEntries: 50})
+	m := storetest.Provision(t, &Memory{MaxEntries: 50})
 	ctx := context.Background()
 	k, c := storetest.NewKey(), &store.Claim{Token: storetest.NewToken(), Lease: time.Minute}
 	m.Acquire(ctx, k, c)

@@ -37,25 +37,6 @@ var tables atomic.Int64
 // newTable returns a table name no other test uses.
 func newTable() string { return fmt.Sprintf("idem_%d", tables.Add(1)) }
 
-// provision provisions s as Caddy would and cleans it up after the test.
-func provision(t testing.TB, s *Store) *Store {
-	t.Helper()
-	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-	t.Cleanup(cancel)
-	if err := s.Provision(ctx); err != nil {
-		t.Fatalf("Provision: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := s.Cleanup(); err != nil {
-			t.Errorf("Cleanup: %v", err)
-		}
-	})
-	if err := s.Validate(); err != nil {
-		t.Fatalf("Validate: %v", err)
-	}
-	return s
-}
-
 // sqlExec runs statements on a connection of its own.
 func sqlExec(t testing.TB, dsn, sql string, args ...any) {
 	t.Helper()
@@ -93,13 +74,13 @@ func claim(lease time.Duration) *store.Claim {
 
 func TestSharedAcrossReloads(t *testing.T) {
 	table := newTable()
-	a := provision(t, &Store{DSN: shared.DSN(), Table: table})
+	a := storetest.Provision(t, &Store{DSN: shared.DSN(), Table: table})
 	k, c := storetest.NewKey(), claim(time.Minute)
 	if rec, err := a.Acquire(context.Background(), k, c); rec != nil || err != nil {
 		t.Fatalf("claim failed: %+v, %v", rec, err)
 	}
 	// A reload provisions the new config before cleaning up the old one.
-	b := provision(t, &Store{DSN: shared.DSN(), Table: table})
+	b := storetest.Provision(t, &Store{DSN: shared.DSN(), Table: table})
 	if a.db != b.db {
 		t.Fatal("the same configuration got a second pool")
 	}

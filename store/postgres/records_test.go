@@ -16,7 +16,9 @@ import (
 )
 
 func TestContract(t *testing.T) {
-	open := func(t *testing.T) store.Store { return provision(t, &Store{DSN: shared.DSN(), Table: newTable()}) }
+	open := func(t *testing.T) store.Store {
+		return storetest.Provision(t, &Store{DSN: shared.DSN(), Table: newTable()})
+	}
 	storetest.Run(t, open)
 	storetest.RunTakeover(t, open)
 }
@@ -27,7 +29,7 @@ func TestContract(t *testing.T) {
 func TestUnavailableThenRecovers(t *testing.T) {
 	srv := testpg.Start(t)
 	srv.Kill()
-	s := provision(t, &Store{DSN: srv.DSN(), Table: newTable()})
+	s := storetest.Provision(t, &Store{DSN: srv.DSN(), Table: newTable()})
 	storetest.CheckUnavailable(t, s)
 
 	srv.Restart(t)
@@ -54,7 +56,7 @@ func TestUnavailableThenRecovers(t *testing.T) {
 }
 
 func TestDeadlineIsRespected(t *testing.T) {
-	s := provision(t, &Store{DSN: shared.DSN(), Table: newTable()})
+	s := storetest.Provision(t, &Store{DSN: shared.DSN(), Table: newTable()})
 	k := storetest.NewKey()
 	// Hold the key's row lock so that a takeover has to wait for it.
 	if _, err := s.Acquire(context.Background(), k, claim(time.Millisecond)); err != nil {
@@ -89,7 +91,7 @@ func TestDeadlineIsRespected(t *testing.T) {
 }
 
 func BenchmarkAcquireNewKey(b *testing.B) {
-	s := provision(b, &Store{DSN: shared.DSN(), Table: newTable()})
+	s := storetest.Provision(b, &Store{DSN: shared.DSN(), Table: newTable()})
 	ctx := context.Background()
 	c := claim(time.Minute)
 	b.ReportAllocs()
@@ -101,7 +103,7 @@ func BenchmarkAcquireNewKey(b *testing.B) {
 }
 
 func BenchmarkReplay(b *testing.B) {
-	s := provision(b, &Store{DSN: shared.DSN(), Table: newTable()})
+	s := storetest.Provision(b, &Store{DSN: shared.DSN(), Table: newTable()})
 	ctx := context.Background()
 	k, c := storetest.NewKey(), claim(time.Minute)
 	if _, err := s.Acquire(ctx, k, c); err != nil {
@@ -124,7 +126,7 @@ func BenchmarkReplay(b *testing.B) {
 // winner's commits and see no row in their snapshot: they must run again
 // and find the claim, never report an error or a second win.
 func TestClaimRaceManyConnections(t *testing.T) {
-	s := provision(t, &Store{DSN: shared.DSN(), Table: newTable(), MaxConns: 32})
+	s := storetest.Provision(t, &Store{DSN: shared.DSN(), Table: newTable(), MaxConns: 32})
 	for range 20 {
 		k := storetest.NewKey()
 		var wg sync.WaitGroup
@@ -155,7 +157,7 @@ func TestClaimRaceManyConnections(t *testing.T) {
 // A claim that commits while Acquire's statement waits on it is invisible to
 // that statement's snapshot: Acquire must run again and return it.
 func TestAcquireRacingAnUncommittedClaim(t *testing.T) {
-	s := provision(t, &Store{DSN: shared.DSN(), Table: newTable()})
+	s := storetest.Provision(t, &Store{DSN: shared.DSN(), Table: newTable()})
 	ctx := context.Background()
 	if err := s.db.ensure(ctx); err != nil {
 		t.Fatal(err)

@@ -10,7 +10,7 @@ import (
 
 func TestKeysShareOneHashTag(t *testing.T) {
 	srv := testredis.Start(t)
-	s := provision(t, &Store{Addresses: []string{srv.Addr()}, KeyPrefix: "app"})
+	s := storetest.Provision(t, &Store{Addresses: []string{srv.Addr()}, KeyPrefix: "app"})
 	k := storetest.NewKey()
 	want := "app:{" + k.String() + "}"
 	if got := s.key(k); got != want {

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/caddy-idempotency/caddy-idempotency/internal/testredis"
@@ -25,12 +24,7 @@ func TestContract(t *testing.T) {
 
 func TestUnavailableThenRecovers(t *testing.T) {
 	srv := testredis.Start(t)
-	s := provision(t, &Store{
-		Addresses:    []string{srv.Addr()},
-		DialTimeout:  caddy.Duration(200 * time.Millisecond),
-		ReadTimeout:  caddy.Duration(200 * time.Millisecond),
-		WriteTimeout: caddy.Duration(200 * time.Millisecond),
-	})
+	s := storetest.Provision(t, failFast(&Store{Addresses: []string{srv.Addr()}}))
 	ctx := context.Background()
 	if _, err := s.Acquire(ctx, storetest.NewKey(), claim()); err != nil {
 		t.Fatalf("Acquire before the kill: %v", err)

@@ -17,28 +17,18 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/store/storetest"
 )
 
-// provision provisions s as Caddy would and cleans it up after the test.
-func provision(t testing.TB, s *Store) *Store {
-	t.Helper()
-	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-	t.Cleanup(cancel)
-	if err := s.Provision(ctx); err != nil {
-		t.Fatalf("Provision: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := s.Cleanup(); err != nil {
-			t.Errorf("Cleanup: %v", err)
-		}
-	})
-	if err := s.Validate(); err != nil {
-		t.Fatalf("Validate: %v", err)
-	}
-	return s
-}
-
 // open returns a store on srv whose keys no other test shares.
 func open(t testing.TB, srv *testredis.Server) *Store {
-	return provision(t, &Store{Addresses: []string{srv.Addr()}, KeyPrefix: "test:" + t.Name()})
+	return storetest.Provision(t, &Store{Addresses: []string{srv.Addr()}, KeyPrefix: "test:" + t.Name()})
+}
+
+// failFast gives s timeouts short enough for a test to wait on a dead
+// server.
+func failFast(s *Store) *Store {
+	s.DialTimeout = caddy.Duration(200 * time.Millisecond)
+	s.ReadTimeout = caddy.Duration(200 * time.Millisecond)
+	s.WriteTimeout = caddy.Duration(200 * time.Millisecond)
+	return s
 }
 
 func TestProvisionWithRedisDown(t *testing.T) {
@@ -50,7 +40,7 @@ func TestProvisionWithRedisDown(t *testing.T) {
 	l.Close() // nothing listens there now
 
 	start := time.Now()
-	s := provision(t, &Store{Addresses: []string{addr}})
+	s := storetest.Provision(t, &Store{Addresses: []string{addr}})
 	if took := time.Since(start); took > 1500*time.Millisecond {
 		t.Errorf("Provision with Redis down took %v, want about 1s at most", took)
 	}
@@ -66,7 +56,7 @@ func TestPasswordPlaceholder(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Setenv("IDEM_TEST_REDIS_PASSWORD", "s3cret")
-	s := provision(t, &Store{Addresses: []string{srv.Addr()}, Username: "idem", Password: "{env.IDEM_TEST_REDIS_PASSWORD}"})
+	s := storetest.Provision(t, &Store{Addresses: []string{srv.Addr()}, Username: "idem", Password: "{env.IDEM_TEST_REDIS_PASSWORD}"})
 	if s.opts.Password != "s3cret" || s.Password != "{env.IDEM_TEST_REDIS_PASSWORD}" {
 		t.Fatalf("resolved password %q from %q", s.opts.Password, s.Password)
 	}
@@ -74,7 +64,7 @@ func TestPasswordPlaceholder(t *testing.T) {
 		t.Fatalf("Acquire as an ACL user: %v", err)
 	}
 
-	wrong := provision(t, &Store{Addresses: []string{srv.Addr()}, Username: "idem", Password: "nope"})
+	wrong := storetest.Provision(t, &Store{Addresses: []string{srv.Addr()}, Username: "idem", Password: "nope"})
 	if _, err := wrong.Acquire(ctx, storetest.NewKey(), claim()); !errors.Is(err, store.ErrUnavailable) {
 		t.Fatalf("Acquire with a wrong password = %v, want ErrUnavailable", err)
 	}
@@ -83,11 +73,11 @@ func TestPasswordPlaceholder(t *testing.T) {
 func TestClientIsSharedAcrossReloads(t *testing.T) {
 	srv := testredis.Start(t)
 	cfg := func() *Store { return &Store{Addresses: []string{srv.Addr()}} }
-	a, b := provision(t, cfg()), provision(t, cfg())
+	a, b := storetest.Provision(t, cfg()), storetest.Provision(t, cfg())
 	if a.client != b.client {
 		t.Fatal("two stores with the same configuration got different clients")
 	}
-	other := provision(t, &Store{Addresses: []string{srv.Addr()}, DB: 1})
+	other := storetest.Provision(t, &Store{Addresses: []string{srv.Addr()}, DB: 1})
 	if other.client == a.client {
 		t.Fatal("a different db shared the client")
 	}
