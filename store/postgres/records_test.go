@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/caddy-idempotency/caddy-idempotency/internal/testpg"
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 	"github.com/caddy-idempotency/caddy-idempotency/store/storetest"
@@ -64,16 +62,7 @@ func TestDeadlineIsRespected(t *testing.T) {
 	}
 	time.Sleep(5 * time.Millisecond)
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, shared.DSN())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	tx, err := conn.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
+	tx := begin(t)
 	if _, err := tx.Exec(ctx, "SELECT 1 FROM "+s.db.qualified+" WHERE key = $1 FOR UPDATE", k[:]); err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +70,7 @@ func TestDeadlineIsRespected(t *testing.T) {
 	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	_, err = s.Acquire(short, k, claim(time.Minute))
+	_, err := s.Acquire(short, k, claim(time.Minute))
 	if !errors.Is(err, store.ErrUnavailable) {
 		t.Fatalf("Acquire past its deadline = %v, want ErrUnavailable", err)
 	}
@@ -162,16 +151,7 @@ func TestAcquireRacingAnUncommittedClaim(t *testing.T) {
 	if err := s.db.ensure(ctx); err != nil {
 		t.Fatal(err)
 	}
-	conn, err := pgx.Connect(ctx, shared.DSN())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	tx, err := conn.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
+	tx := begin(t)
 	k, other := storetest.NewKey(), storetest.NewToken()
 	if _, err := tx.Exec(ctx, `INSERT INTO `+s.db.qualified+` (key, state, token, endpoint, fingerprint, expires_at)
 		VALUES ($1, 'in_progress', $2, 'POST /other', $3, now() + interval '1 minute')`, k[:], other[:], make([]byte, 32)); err != nil {
@@ -190,7 +170,7 @@ func TestAcquireRacingAnUncommittedClaim(t *testing.T) {
 	// Wait until Acquire blocks on the uncommitted row, then commit it.
 	for deadline := time.Now().Add(5 * time.Second); ; {
 		var waiting int
-		if err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_locks WHERE NOT granted").Scan(&waiting); err != nil {
+		if err := tx.Conn().QueryRow(ctx, "SELECT count(*) FROM pg_locks WHERE NOT granted").Scan(&waiting); err != nil {
 			t.Fatal(err)
 		}
 		if waiting > 0 {
