@@ -79,7 +79,7 @@ func (s *Store) InFlight(ctx context.Context, olderThan time.Duration, limit int
 			if scanned++; scanned%4096 == 0 && ctx.Err() != nil {
 				return ctx.Err()
 			}
-			head := record(v)
+			head := encoded(v)
 			if len(k) != len(store.Key{}) || head.State() != store.InProgress || !live(v, t) || head.CreatedAt().After(cutoff) {
 				continue
 			}

@@ -14,13 +14,13 @@ import (
 
 // ownedBy reports whether v is a live in-progress claim held by token.
 func ownedBy(v []byte, token store.Token, t time.Time) bool {
-	return live(v, t) && record(v).ClaimedBy(token)
+	return live(v, t) && encoded(v).ClaimedBy(token)
 }
 
 // deadClaim reports whether v is an in-progress claim whose lease has
 // passed: its owner died or stalled, and claiming the key takes it over.
 func deadClaim(v []byte, t time.Time) bool {
-	return !live(v, t) && record(v).State() == store.InProgress
+	return !live(v, t) && encoded(v).State() == store.InProgress
 }
 
 // Acquire claims key for c unless a live record exists. A read-only

@@ -31,8 +31,9 @@ func live(v []byte, t time.Time) bool {
 	return len(v) >= expiryLen && t.UnixNano() < expiresAt(v)
 }
 
-// record is the encoded record of v, empty (no record) if v is too short.
-func record(v []byte) store.Encoded {
+// encoded is the record in v, in the shared codec; empty (no record) if v
+// is too short to hold one.
+func encoded(v []byte) store.Encoded {
 	if len(v) < expiryLen {
 		return nil
 	}
@@ -52,7 +53,7 @@ func liveRecord(b *bolt.Bucket, key store.Key, t time.Time) (*store.Record, erro
 	if !live(v, t) {
 		return nil, nil
 	}
-	rec, err := store.DecodeRecord(bytes.Clone(record(v)))
+	rec, err := store.DecodeRecord(bytes.Clone(encoded(v)))
 	if err != nil {
 		return nil, fmt.Errorf("decoding record: %w", err)
 	}
