@@ -28,14 +28,14 @@ import (
 //
 // The first OwnerLen bytes (magic, state, token) are the owner prefix.
 const (
-	magic         = 'I'
-	stateAt       = 1
-	tokenAt       = 2
-	fingerprintAt = OwnerLen
-	createdAt     = fingerprintAt + len(Fingerprint{})
-	statusAt      = createdAt + 8
-	flagsAt       = statusAt + 2
-	fixedLen      = flagsAt + 1
+	magic          = 'I'
+	stateOff       = 1
+	tokenOff       = 2
+	fingerprintOff = OwnerLen
+	createdOff     = fingerprintOff + len(Fingerprint{})
+	statusOff      = createdOff + 8
+	flagsOff       = statusOff + 2
+	fixedLen       = flagsOff + 1
 
 	flagTruncated = 1
 )
@@ -45,7 +45,7 @@ const (
 // token) exactly when it is an in-progress claim held by token, so a
 // script checks ownership with one compare of OwnerLen bytes, whatever the
 // size of the record.
-const OwnerLen = tokenAt + len(Token{})
+const OwnerLen = tokenOff + len(Token{})
 
 // AppendOwner appends the owner prefix of an in-progress claim held by
 // token.
@@ -67,12 +67,12 @@ func (b Encoded) State() State {
 	if !b.hasHead() {
 		return 0
 	}
-	return State(b[stateAt])
+	return State(b[stateOff])
 }
 
 // ClaimedBy reports whether b is an in-progress claim held by token.
 func (b Encoded) ClaimedBy(token Token) bool {
-	return b.State() == InProgress && Token(b[tokenAt:OwnerLen]) == token
+	return b.State() == InProgress && Token(b[tokenOff:OwnerLen]) == token
 }
 
 // CreatedAt is when the record's key was claimed; zero if b is not a
@@ -81,7 +81,7 @@ func (b Encoded) CreatedAt() time.Time {
 	if !b.hasHead() {
 		return time.Time{}
 	}
-	return time.Unix(0, int64(binary.BigEndian.Uint64(b[createdAt:statusAt])))
+	return time.Unix(0, int64(binary.BigEndian.Uint64(b[createdOff:statusOff])))
 }
 
 // ErrCorrupt is returned by DecodeRecord for bytes it did not write.
@@ -186,11 +186,11 @@ func DecodeRecord(b []byte) (*Record, error) {
 	if rec.State != InProgress && rec.State != Completed {
 		return nil, ErrCorrupt
 	}
-	copy(rec.Token[:], b[tokenAt:OwnerLen])
-	copy(rec.Fingerprint[:], b[fingerprintAt:createdAt])
+	copy(rec.Token[:], b[tokenOff:OwnerLen])
+	copy(rec.Fingerprint[:], b[fingerprintOff:createdOff])
 	rec.CreatedAt = Encoded(b).CreatedAt()
-	rec.Status = int(binary.BigEndian.Uint16(b[statusAt:flagsAt]))
-	rec.Truncated = b[flagsAt]&flagTruncated != 0
+	rec.Status = int(binary.BigEndian.Uint16(b[statusOff:flagsOff]))
+	rec.Truncated = b[flagsOff]&flagTruncated != 0
 
 	// Validate, and size the shared string and value slice.
 	d := decoder{b: b[fixedLen:]}
