@@ -47,18 +47,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //
 // Every option may appear once.
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	d.Next() // the directive name
-	if d.NextArg() {
-		return d.Errf("unexpected argument '%s': options go in a block", d.Val())
-	}
-	seen := make(map[string]bool)
-	for d.NextBlock(0) {
-		opt := d.Val()
-		if seen[opt] {
-			return d.Errf("%s already specified", opt)
-		}
-		seen[opt] = true
-		var err error
+	const maxBodyLimit = 1 << 40 // 1 TiB: bodies are buffered in memory, so more is a mistake
+	return cfarg.Block(d, nil, func(opt string) (err error) {
 		switch opt {
 		case "key_header":
 			h.KeyHeader, err = cfarg.One(d, opt)
@@ -69,51 +59,36 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "endpoint":
 			// The template's parts may be written as separate tokens:
 			// endpoint {method} {path} is "{method} {path}".
-			parts := d.RemainingArgs()
-			if len(parts) == 0 {
-				return d.Errf("endpoint: expected a template")
-			}
+			var parts []string
+			parts, err = cfarg.List(d, opt)
 			h.Endpoint = strings.Join(parts, " ")
 		case "methods":
-			h.Methods = d.RemainingArgs()
-			if len(h.Methods) == 0 {
-				return d.Errf("methods: want at least one method")
-			}
+			h.Methods, err = cfarg.List(d, opt)
 		case "disable_metrics":
-			if d.NextArg() {
-				return d.Errf("disable_metrics takes no argument, got '%s'", d.Val())
-			}
+			err = cfarg.Flag(d, opt)
 			h.DisableMetrics = true
 		case "required":
-			if d.NextArg() {
-				return d.Errf("required takes no argument, got '%s'", d.Val())
-			}
+			err = cfarg.Flag(d, opt)
 			h.Required = true
 		case "ttl":
 			h.TTL, err = cfarg.Duration(d, opt, true)
 		case "lock_timeout":
 			h.LockTimeout, err = cfarg.Duration(d, opt, true)
 		case "max_request_body":
-			h.MaxRequestBody, err = cfarg.Size(d, opt)
+			h.MaxRequestBody, err = cfarg.Size(d, opt, maxBodyLimit)
 		case "max_response_body":
-			h.MaxResponseBody, err = cfarg.Size(d, opt)
+			h.MaxResponseBody, err = cfarg.Size(d, opt, maxBodyLimit)
 		case "on_store_error":
-			h.OnStoreError, err = cfarg.One(d, opt)
-			if err == nil && h.OnStoreError != failClosed && h.OnStoreError != failOpen {
-				return d.Errf("on_store_error: want fail_closed or fail_open, got '%s'", h.OnStoreError)
-			}
+			h.OnStoreError, err = cfarg.OneOf(d, opt, failClosed, failOpen)
 		case "on_conflict":
 			err = h.unmarshalOnConflict(d)
 		case "store":
 			err = h.unmarshalStore(d)
 		default:
-			return d.Errf("unrecognized subdirective '%s'", opt)
+			err = cfarg.Unrecognized(d, opt)
 		}
-		if err != nil {
-			return err
-		}
-	}
-	return nil
+		return err
+	})
 }
 
 // unmarshalStore loads the store module named by the next token and lets it
@@ -142,9 +117,7 @@ func (h *Handler) unmarshalOnConflict(d *caddyfile.Dispenser) error {
 	}
 	switch h.OnConflict = d.Val(); h.OnConflict {
 	case conflictReject:
-		if d.NextArg() {
-			return d.Errf("on_conflict reject takes no duration, got '%s'", d.Val())
-		}
+		return cfarg.Flag(d, "on_conflict reject")
 	case conflictWait:
 		dur, err := cfarg.Duration(d, "on_conflict wait", true)
 		if err != nil {

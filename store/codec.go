@@ -10,13 +10,14 @@ import (
 )
 
 // The binary record format shared by the backends that keep records as
-// opaque values (Redis, the file store). It is compact, holds the body as
-// raw bytes, and puts the owner token at a fixed offset so that a server
-// side script can compare it without decoding the rest:
+// opaque values (Redis, the file store, the memory store). It is compact,
+// holds the body as raw bytes, and starts with a fixed head, so that a
+// store, or a script on its server, can check a claim's owner or pick out
+// claims without decoding the rest:
 //
 //	0      magic 'I'
 //	1      state
-//	2:18   owner token  (TokenOffset)
+//	2:18   owner token
 //	18:50  fingerprint
 //	50:58  created at, Unix nanoseconds, big endian
 //	58:60  status, big endian
@@ -24,13 +25,64 @@ import (
 //	61:    uvarint-prefixed endpoint, uvarint header count, then per header
 //	       a prefixed name, a value count and prefixed values; the body is
 //	       the rest.
+//
+// The first OwnerLen bytes (magic, state, token) are the owner prefix.
 const (
-	magic       = 'I'
-	TokenOffset = 2
-	fixedLen    = 61
+	magic          = 'I'
+	stateOff       = 1
+	tokenOff       = 2
+	fingerprintOff = OwnerLen
+	createdOff     = fingerprintOff + len(Fingerprint{})
+	statusOff      = createdOff + 8
+	flagsOff       = statusOff + 2
+	fixedLen       = flagsOff + 1
 
 	flagTruncated = 1
 )
+
+// OwnerLen is the length of the owner prefix that starts every record: its
+// magic, state and owner token. A record starts with AppendOwner(dst,
+// token) exactly when it is an in-progress claim held by token, so a
+// script checks ownership with one compare of OwnerLen bytes, whatever the
+// size of the record.
+const OwnerLen = tokenOff + len(Token{})
+
+// AppendOwner appends the owner prefix of an in-progress claim held by
+// token.
+func AppendOwner(dst []byte, token Token) []byte {
+	dst = append(dst, magic, byte(InProgress))
+	return append(dst, token[:]...)
+}
+
+// Encoded is a record as AppendRecord writes it. Its methods read the fixed
+// head alone, for stores that check a claim's owner or list claims without
+// decoding whole records. Bytes too short to hold the head, or without the
+// magic, are no record: their State is 0.
+type Encoded []byte
+
+func (b Encoded) hasHead() bool { return len(b) >= fixedLen && b[0] == magic }
+
+// State is the record's state, or 0 if b is not a record.
+func (b Encoded) State() State {
+	if !b.hasHead() {
+		return 0
+	}
+	return State(b[stateOff])
+}
+
+// ClaimedBy reports whether b is an in-progress claim held by token.
+func (b Encoded) ClaimedBy(token Token) bool {
+	return b.State() == InProgress && Token(b[tokenOff:OwnerLen]) == token
+}
+
+// CreatedAt is when the record's key was claimed; zero if b is not a
+// record.
+func (b Encoded) CreatedAt() time.Time {
+	if !b.hasHead() {
+		return time.Time{}
+	}
+	return time.Unix(0, int64(binary.BigEndian.Uint64(b[createdOff:statusOff])))
+}
 
 // ErrCorrupt is returned by DecodeRecord for bytes it did not write.
 var ErrCorrupt = errors.New("corrupt idempotency record")
@@ -130,18 +182,15 @@ func appendString(dst []byte, s string) []byte {
 // header names and values) share one allocation, and the header values one
 // slice: four allocations whatever the number of headers.
 func DecodeRecord(b []byte) (*Record, error) {
-	if len(b) < fixedLen || b[0] != magic {
-		return nil, ErrCorrupt
-	}
-	rec := &Record{State: State(b[1])}
+	rec := &Record{State: Encoded(b).State()}
 	if rec.State != InProgress && rec.State != Completed {
 		return nil, ErrCorrupt
 	}
-	copy(rec.Token[:], b[TokenOffset:18])
-	copy(rec.Fingerprint[:], b[18:50])
-	rec.CreatedAt = time.Unix(0, int64(binary.BigEndian.Uint64(b[50:58])))
-	rec.Status = int(binary.BigEndian.Uint16(b[58:60]))
-	rec.Truncated = b[60]&flagTruncated != 0
+	copy(rec.Token[:], b[tokenOff:OwnerLen])
+	copy(rec.Fingerprint[:], b[fingerprintOff:createdOff])
+	rec.CreatedAt = Encoded(b).CreatedAt()
+	rec.Status = int(binary.BigEndian.Uint16(b[statusOff:flagsOff]))
+	rec.Truncated = b[flagsOff]&flagTruncated != 0
 
 	// Validate, and size the shared string and value slice.
 	d := decoder{b: b[fixedLen:]}

@@ -37,11 +37,39 @@ func TestRecordRoundTrip(t *testing.T) {
 	}
 }
 
-func TestTokenAtFixedOffset(t *testing.T) {
-	rec := sampleRecord()
-	b := AppendRecord(nil, rec)
-	if !bytes.Equal(b[TokenOffset:TokenOffset+len(rec.Token)], rec.Token[:]) {
-		t.Fatal("the owner token is not where server-side scripts look for it")
+// The stores check ownership and list claims from the head alone: what it
+// tells must agree with the decoded record.
+func TestOwnerPrefixAndHead(t *testing.T) {
+	tok, other := Token{1, 2, 3}, Token{1, 2, 4}
+	claim := AppendClaim(nil, &Claim{Token: tok, Endpoint: "POST h/p"}, time.Unix(7, 8))
+	completed := AppendRecord(nil, &Record{State: Completed, Token: tok, CreatedAt: time.Unix(9, 10)})
+	owner := AppendOwner(nil, tok)
+	if len(owner) != OwnerLen || !bytes.HasPrefix(claim, owner) || bytes.HasPrefix(completed, owner) {
+		t.Fatalf("owner prefix %x (%d bytes): must start the claim %x alone", owner, OwnerLen, claim)
+	}
+	for _, tc := range []struct {
+		name      string
+		b         []byte
+		state     State
+		created   time.Time
+		claimedBy Token
+	}{
+		{"claim", claim, InProgress, time.Unix(7, 8), tok},
+		{"completed", completed, Completed, time.Unix(9, 10), Token{}},
+		{"empty", nil, 0, time.Time{}, Token{}},
+		{"owner prefix alone", owner, 0, time.Time{}, Token{}},
+		{"wrong magic", append([]byte{'X'}, claim[1:]...), 0, time.Time{}, Token{}},
+	} {
+		e := Encoded(tc.b)
+		if got := e.State(); got != tc.state {
+			t.Errorf("%s: State = %v, want %v", tc.name, got, tc.state)
+		}
+		if got := e.CreatedAt(); !got.Equal(tc.created) {
+			t.Errorf("%s: CreatedAt = %v, want %v", tc.name, got, tc.created)
+		}
+		if e.ClaimedBy(tok) != (tc.claimedBy == tok) || e.ClaimedBy(other) {
+			t.Errorf("%s: ClaimedBy(%x) = %t, ClaimedBy(%x) = %t", tc.name, tok[:3], e.ClaimedBy(tok), other[:3], e.ClaimedBy(other))
+		}
 	}
 }
 

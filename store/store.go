@@ -2,6 +2,16 @@
 // an atomic claim of a key, and the completion or release of that claim by
 // its owner. Backends live in subpackages and register themselves as Caddy
 // modules in the http.idempotency.stores namespace.
+//
+// Every backend package is laid out alike: <name>.go is the module (its
+// config, Provision, Validate, Cleanup), caddyfile.go its Caddyfile
+// syntax, records.go the Store methods, inspect.go the Inspector methods
+// and its registry name, and each piece of machinery of its own has a file
+// named for it (the memory table, the file store's database, the SQL of
+// PostgreSQL, the Redis key names). Here, store.go is the contract,
+// codec.go the record encoding that the memory, file and Redis stores
+// share, inspect.go the Inspector, and registry.go the registry through
+// which the admin API reaches provisioned stores.
 package store
 
 import (
@@ -9,6 +19,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"net/http"
 	"time"
 )
@@ -143,3 +154,9 @@ var (
 	// timeout, closed store); the handler answers it per on_store_error.
 	ErrUnavailable = errors.New("idempotency store unavailable")
 )
+
+// Unavailable wraps err, a failure of the backend while op ("acquiring",
+// "renewing", ...) was under way, in ErrUnavailable.
+func Unavailable(op string, err error) error {
+	return fmt.Errorf("%w: %s: %w", ErrUnavailable, op, err)
+}

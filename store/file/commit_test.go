@@ -124,7 +124,7 @@ func TestGroupCommitSurvivesAPanickingWrite(t *testing.T) {
 // Writes to one key in one shared transaction apply in order, as serial
 // transactions would: only one of many concurrent claims of a key wins.
 func TestGroupCommitOneClaimWins(t *testing.T) {
-	s := provision(t, &Store{Path: t.TempDir()})
+	s := storetest.Provision(t, &Store{Path: t.TempDir()})
 	k := storetest.NewKey()
 	var (
 		wg   sync.WaitGroup
@@ -155,7 +155,7 @@ func TestGroupCommitOneClaimWins(t *testing.T) {
 // Claims and completions from many goroutines: the throughput group commit
 // is for (one fsync per transaction, shared by the writers waiting on it).
 func BenchmarkParallelNewKeys(b *testing.B) {
-	s := provision(b, &Store{Path: b.TempDir()})
+	s := storetest.Provision(b, &Store{Path: b.TempDir()})
 	rec := &store.Record{Status: 201, Body: []byte(`{"ok":true}`)}
 	b.SetParallelism(8) // 16 goroutines on 2 CPUs
 	b.RunParallel(func(pb *testing.PB) {

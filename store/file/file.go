@@ -6,18 +6,12 @@
 package file
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
-	bolt "go.etcd.io/bbolt"
-	berrors "go.etcd.io/bbolt/errors"
-	"go.uber.org/zap"
 
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
@@ -26,25 +20,7 @@ func init() {
 	caddy.RegisterModule(Store{})
 }
 
-const (
-	fileName = "idempotency.db"
-	// lockTimeout bounds the wait for bbolt's exclusive lock on the file.
-	// Within this process the database is shared, so the lock is only ever
-	// held by another process, which will not let go soon: fail quickly.
-	lockTimeout = time.Second
-
-	// sweepBatch bounds the deletions of one write transaction, and
-	// sweepScan the records it reads, so that the sweeper never holds the
-	// single writer lock long enough to delay a request.
-	sweepBatch = 1000
-	sweepScan  = 10 * sweepBatch
-)
-
-// sweepInterval is a variable for tests; each database reads it once.
-var sweepInterval = time.Minute
-
-// records is the one bucket, keyed by the 32-byte store.Key.
-var records = []byte("records")
+const fileName = "idempotency.db"
 
 // Store keeps idempotency records in a file on local disk. The file is
 // locked by the Caddy process that opens it, so it cannot be shared by
@@ -130,151 +106,9 @@ func (s *Store) Cleanup() error {
 	return nil
 }
 
-// UnmarshalCaddyfile sets up the store from Caddyfile tokens. Syntax:
-//
-//	file {
-//	    path <directory>
-//	}
-func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	d.Next() // the module name
-	if d.NextArg() {
-		return d.Errf("unexpected argument '%s'; options go in a block", d.Val())
-	}
-	for d.NextBlock(0) {
-		switch opt := d.Val(); opt {
-		case "path":
-			if s.Path != "" {
-				return d.Errf("duplicate subdirective '%s'", opt)
-			}
-			if !d.NextArg() {
-				return d.Errf("%s: expected a directory", opt)
-			}
-			s.Path = d.Val()
-			if d.NextArg() {
-				return d.Errf("%s: unexpected extra argument '%s'", opt, d.Val())
-			}
-		default:
-			return d.Errf("unrecognized subdirective '%s'", opt)
-		}
-	}
-	return nil
-}
-
-// database is one open file and its sweeper, shared by every config that
-// uses it.
-type database struct {
-	*bolt.DB
-	writes   groupCommit // the store's writes; the sweeper and the admin API use Update
-	logger   *zap.Logger
-	interval time.Duration
-	stop     context.CancelFunc
-	done     chan struct{}
-}
-
-func openDatabase(path string, logger *zap.Logger) (*database, error) {
-	// NoSync stays false: a commit returns only once the file is synced.
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: lockTimeout})
-	if errors.Is(err, berrors.ErrTimeout) {
-		return nil, fmt.Errorf("opening %s: another process holds its lock (is a second Caddy using the same path?): %w", path, err)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("opening %s: %w", path, err)
-	}
-	err = db.Update(func(tx *bolt.Tx) error {
-		_, err := tx.CreateBucketIfNotExists(records)
-		return err
-	})
-	if err != nil {
-		db.Close()
-		return nil, fmt.Errorf("creating bucket in %s: %w", path, err)
-	}
-	ctx, stop := context.WithCancel(context.Background())
-	d := &database{DB: db, writes: groupCommit{db: db}, logger: logger, interval: sweepInterval, stop: stop, done: make(chan struct{})}
-	go d.run(ctx)
-	return d, nil
-}
-
-// Destruct stops the sweeper and closes the file when the last config
-// using it is gone. bbolt's Close waits for running transactions.
-func (d *database) Destruct() error {
-	d.stop()
-	<-d.done
-	return d.Close()
-}
-
-// run deletes expired records every interval until Destruct. They
-// are already treated as absent; sweeping only bounds the file's size.
-func (d *database) run(ctx context.Context) {
-	defer close(d.done)
-	tick := time.NewTicker(d.interval)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
-		n, err := d.sweep(ctx, sweepBatch, nil)
-		if err != nil && ctx.Err() == nil {
-			d.logger.Warn("deleting expired idempotency records", zap.Int("deleted", n), zap.Error(err))
-		}
-	}
-}
-
-// sweep deletes expired records, batch at most per transaction, until it
-// has been through the whole file or ctx is done. afterBatch, if set, runs
-// after each transaction (tests count them).
-func (d *database) sweep(ctx context.Context, batch int, afterBatch func()) (deleted int, err error) {
-	var from []byte
-	for ctx.Err() == nil {
-		var next []byte
-		var n int
-		err := d.Update(func(tx *bolt.Tx) error {
-			b := tx.Bucket(records)
-			c := b.Cursor()
-			k, v := c.First()
-			if from != nil {
-				k, v = c.Seek(from)
-			}
-			// Deleting while iterating can make a bbolt cursor skip a key,
-			// so collect first and delete after.
-			var expired [][]byte
-			t := now()
-			for scanned := 0; k != nil && len(expired) < batch && scanned < sweepScan; scanned++ {
-				if !live(v, t) {
-					expired = append(expired, append([]byte(nil), k...))
-				}
-				k, v = c.Next()
-			}
-			next = append([]byte(nil), k...) // nil at the end of the bucket
-			for _, k := range expired {
-				if err := b.Delete(k); err != nil {
-					return err
-				}
-			}
-			n = len(expired)
-			return nil
-		})
-		if err != nil {
-			return deleted, err
-		}
-		deleted += n
-		if afterBatch != nil {
-			afterBatch()
-		}
-		if len(next) == 0 {
-			return deleted, nil
-		}
-		from = next
-	}
-	return deleted, ctx.Err()
-}
-
 // Interface guards
 var (
-	_ store.Store           = (*Store)(nil)
-	_ caddy.Provisioner     = (*Store)(nil)
-	_ caddy.Validator       = (*Store)(nil)
-	_ caddy.CleanerUpper    = (*Store)(nil)
-	_ caddyfile.Unmarshaler = (*Store)(nil)
+	_ caddy.Provisioner  = (*Store)(nil)
+	_ caddy.Validator    = (*Store)(nil)
+	_ caddy.CleanerUpper = (*Store)(nil)
 )

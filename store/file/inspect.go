@@ -3,20 +3,11 @@ package file
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/caddy-idempotency/caddy-idempotency/store"
-)
-
-// Offsets in a stored value (expiry, then the shared codec) of the fields
-// that InFlight reads before deciding to decode a record.
-const (
-	stateOffset   = expiryLen + 1
-	createdOffset = expiryLen + 50
-	headLen       = expiryLen + 61
 )
 
 // registryName is the database file, which alone decides what records a
@@ -27,7 +18,7 @@ func registryName(path string) string { return "file:" + path }
 // transaction.
 func (s *Store) Lookup(ctx context.Context, key store.Key) (*store.Record, time.Time, error) {
 	if err := ctx.Err(); err != nil {
-		return nil, time.Time{}, unavailable("looking up", err)
+		return nil, time.Time{}, store.Unavailable("looking up", err)
 	}
 	var rec *store.Record
 	var expires time.Time
@@ -41,7 +32,7 @@ func (s *Store) Lookup(ctx context.Context, key store.Key) (*store.Record, time.
 		return nil
 	})
 	if err != nil {
-		return nil, time.Time{}, unavailable("looking up", err)
+		return nil, time.Time{}, store.Unavailable("looking up", err)
 	}
 	return rec, expires, nil
 }
@@ -50,7 +41,7 @@ func (s *Store) Lookup(ctx context.Context, key store.Key) (*store.Record, time.
 // reports whether it was live.
 func (s *Store) Delete(ctx context.Context, key store.Key) (bool, error) {
 	if err := ctx.Err(); err != nil {
-		return false, unavailable("deleting", err)
+		return false, store.Unavailable("deleting", err)
 	}
 	var found bool
 	err := s.db.Update(func(tx *bolt.Tx) error {
@@ -63,7 +54,7 @@ func (s *Store) Delete(ctx context.Context, key store.Key) (bool, error) {
 		return b.Delete(key[:])
 	})
 	if err != nil {
-		return false, unavailable("deleting", err)
+		return false, store.Unavailable("deleting", err)
 	}
 	return found, nil
 }
@@ -73,7 +64,7 @@ func (s *Store) Delete(ctx context.Context, key store.Key) (bool, error) {
 // of each value and decoding the claims it keeps.
 func (s *Store) InFlight(ctx context.Context, olderThan time.Duration, limit int) ([]store.Entry, error) {
 	if err := ctx.Err(); err != nil {
-		return nil, unavailable("listing claims", err)
+		return nil, store.Unavailable("listing claims", err)
 	}
 	if limit <= 0 {
 		return nil, nil
@@ -81,18 +72,18 @@ func (s *Store) InFlight(ctx context.Context, olderThan time.Duration, limit int
 	var out []store.Entry
 	err := s.db.View(func(tx *bolt.Tx) error {
 		t := now()
-		cutoff := t.Add(-olderThan).UnixNano()
+		cutoff := t.Add(-olderThan)
 		c := tx.Bucket(records).Cursor()
 		scanned := 0
 		for k, v := c.First(); k != nil; k, v = c.Next() {
 			if scanned++; scanned%4096 == 0 && ctx.Err() != nil {
 				return ctx.Err()
 			}
-			if len(k) != len(store.Key{}) || len(v) < headLen || v[stateOffset] != byte(store.InProgress) || !live(v, t) ||
-				int64(binary.BigEndian.Uint64(v[createdOffset:])) > cutoff {
+			head := encoded(v)
+			if len(k) != len(store.Key{}) || head.State() != store.InProgress || !live(v, t) || head.CreatedAt().After(cutoff) {
 				continue
 			}
-			rec, err := store.DecodeRecord(bytes.Clone(v[expiryLen:]))
+			rec, err := store.DecodeRecord(bytes.Clone(head))
 			if err != nil {
 				continue // not a record this store wrote: leave it to Lookup to report
 			}
@@ -103,7 +94,7 @@ func (s *Store) InFlight(ctx context.Context, olderThan time.Duration, limit int
 		return nil
 	})
 	if err != nil {
-		return nil, unavailable("listing claims", err)
+		return nil, store.Unavailable("listing claims", err)
 	}
 	return store.SortEntries(out, limit), nil
 }

@@ -15,44 +15,35 @@ import (
 )
 
 func TestInspector(t *testing.T) {
-	storetest.RunInspector(t, func(t *testing.T) store.Store { return provision(t, &Store{Path: t.TempDir()}) })
+	storetest.RunInspector(t, func(t *testing.T) store.Store { return storetest.Provision(t, &Store{Path: t.TempDir()}) })
 }
 
 func TestInspectorUnavailableOnceClosed(t *testing.T) {
-	s := provision(t, &Store{Path: t.TempDir()})
+	s := storetest.Provision(t, &Store{Path: t.TempDir()})
 	s.Cleanup()
 	storetest.CheckInspectorUnavailable(t, s)
-}
-
-func registered(name string) store.Store {
-	for _, r := range store.Registered() {
-		if r.Name == name {
-			return r.Store
-		}
-	}
-	return nil
 }
 
 // One file is one name however its path is spelled, registered until the
 // last store that uses it is cleaned up.
 func TestRegistered(t *testing.T) {
 	dir := t.TempDir()
-	a := provision(t, &Store{Path: dir})
+	a := storetest.Provision(t, &Store{Path: dir})
 	real, err := filepath.EvalSymlinks(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	name := "file:" + filepath.Join(real, fileName)
-	if got := registered(name); got != a {
+	if got := storetest.Registered(name); got != a {
 		t.Fatalf("registered %v under %s, want the store", got, name)
 	}
-	b := provision(t, &Store{Path: dir + "/./"})
+	b := storetest.Provision(t, &Store{Path: dir + "/./"})
 	a.Cleanup()
-	if got := registered(name); got != b {
+	if got := storetest.Registered(name); got != b {
 		t.Fatalf("registered %v after the old config's cleanup, want the new store", got)
 	}
 	b.Cleanup()
-	if got := registered(name); got != nil {
+	if got := storetest.Registered(name); got != nil {
 		t.Fatalf("registered %v after every cleanup, want none", got)
 	}
 }
@@ -60,7 +51,7 @@ func TestRegistered(t *testing.T) {
 // InFlight skips values it did not write and reads claims whose endpoint is
 // long.
 func TestInFlightSkipsForeignValues(t *testing.T) {
-	s := provision(t, &Store{Path: t.TempDir()})
+	s := storetest.Provision(t, &Store{Path: t.TempDir()})
 	ctx := context.Background()
 	k := storetest.NewKey()
 	c := claim(time.Minute)
@@ -73,7 +64,7 @@ func TestInFlightSkipsForeignValues(t *testing.T) {
 		// A far expiry and an in-progress state byte, but no magic.
 		bad := bytes.Repeat([]byte{0xff}, 100)
 		bad[0] = 0x7f
-		bad[stateOffset] = byte(store.InProgress)
+		bad[expiryLen+1] = byte(store.InProgress) // where the codec keeps the state
 		for key, v := range map[string][]byte{"short-key": bad, strings.Repeat("k", 32): []byte("x"), strings.Repeat("j", 32): bad} {
 			if err := b.Put([]byte(key), v); err != nil {
 				return err

@@ -79,7 +79,7 @@ func TestCompletedRecordSurvivesSIGKILL(t *testing.T) {
 		t.Fatalf("child said %q: %v", line, err)
 	}
 	// The kernel dropped the child's lock: this must not time out.
-	s := provision(t, &Store{Path: dir})
+	s := storetest.Provision(t, &Store{Path: dir})
 	ctx := context.Background()
 	rec, err := s.Acquire(ctx, doneKey, claim(time.Minute))
 	if err != nil || rec == nil || rec.State != store.Completed || rec.Status != 201 || string(rec.Body) != "survived" {
@@ -103,7 +103,7 @@ func TestCompletedRecordSurvivesSIGKILL(t *testing.T) {
 // runChild completes one record and holds a claim on another, reports
 // both, then waits to be killed.
 func runChild(t *testing.T, dir string) {
-	s := provision(t, &Store{Path: dir})
+	s := storetest.Provision(t, &Store{Path: dir})
 	ctx := context.Background()
 	done, c := storetest.NewKey(), claim(time.Minute)
 	if _, err := s.Acquire(ctx, done, c); err != nil {

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
-	"fmt"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -13,57 +12,15 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
-// A stored value is the record's expiry, Unix nanoseconds big endian (the
-// lease end while in progress, the TTL end once completed), followed by the
-// record in the shared codec. The fixed prefix lets the sweeper and the
-// owner check read a record's life and owner without decoding it.
-const (
-	expiryLen   = 8
-	tokenOffset = expiryLen + store.TokenOffset
-	ownerEnd    = tokenOffset + len(store.Token{})
-)
-
-// now is replaced by tests.
-var now = time.Now
-
-func expiresAt(v []byte) int64 { return int64(binary.BigEndian.Uint64(v)) }
-
-// live reports whether v holds a record whose lease or TTL has not passed.
-// A value too short to hold an expiry is treated as absent.
-func live(v []byte, t time.Time) bool {
-	return len(v) >= expiryLen && t.UnixNano() < expiresAt(v)
-}
-
 // ownedBy reports whether v is a live in-progress claim held by token.
 func ownedBy(v []byte, token store.Token, t time.Time) bool {
-	return live(v, t) && len(v) >= ownerEnd &&
-		v[expiryLen+1] == byte(store.InProgress) && bytes.Equal(v[tokenOffset:ownerEnd], token[:])
-}
-
-// expiry starts a value: the big-endian Unix nanoseconds at which it
-// expires, to which the record's encoding is appended.
-func expiry(at time.Time) []byte {
-	return binary.BigEndian.AppendUint64(make([]byte, 0, expiryLen), uint64(at.UnixNano()))
+	return live(v, t) && encoded(v).ClaimedBy(token)
 }
 
 // deadClaim reports whether v is an in-progress claim whose lease has
 // passed: its owner died or stalled, and claiming the key takes it over.
 func deadClaim(v []byte, t time.Time) bool {
-	return len(v) >= ownerEnd && !live(v, t) && v[expiryLen+1] == byte(store.InProgress)
-}
-
-// liveRecord returns the live record of key, copied out of the
-// transaction's memory, or nil.
-func liveRecord(b *bolt.Bucket, key store.Key, t time.Time) (*store.Record, error) {
-	v := b.Get(key[:])
-	if !live(v, t) {
-		return nil, nil
-	}
-	rec, err := store.DecodeRecord(bytes.Clone(v[expiryLen:]))
-	if err != nil {
-		return nil, fmt.Errorf("decoding record: %w", err)
-	}
-	return rec, nil
+	return !live(v, t) && encoded(v).State() == store.InProgress
 }
 
 // Acquire claims key for c unless a live record exists. A read-only
@@ -73,7 +30,7 @@ func liveRecord(b *bolt.Bucket, key store.Key, t time.Time) (*store.Record, erro
 func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (*store.Record, error) {
 	c.TookOver = false
 	if err := ctx.Err(); err != nil {
-		return nil, unavailable("acquiring", err)
+		return nil, store.Unavailable("acquiring", err)
 	}
 	var rec *store.Record
 	err := s.db.View(func(tx *bolt.Tx) error {
@@ -82,7 +39,7 @@ func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (*st
 		return err
 	})
 	if err != nil {
-		return nil, unavailable("acquiring", err)
+		return nil, store.Unavailable("acquiring", err)
 	}
 	if rec != nil {
 		return rec, nil
@@ -102,7 +59,7 @@ func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (*st
 		return b.Put(key[:], store.AppendClaim(expiry(t.Add(c.Lease)), c, t))
 	})
 	if err != nil {
-		return nil, unavailable("acquiring", err)
+		return nil, store.Unavailable("acquiring", err)
 	}
 	if rec == nil {
 		c.TookOver, c.CreatedAt = tookOver, created
@@ -139,7 +96,7 @@ func (s *Store) Renew(ctx context.Context, key store.Key, token store.Token, lea
 func (s *Store) update(ctx context.Context, op string, key store.Key, token store.Token,
 	fn func(b *bolt.Bucket, v []byte, t time.Time) error) error {
 	if err := ctx.Err(); err != nil {
-		return unavailable(op, err)
+		return store.Unavailable(op, err)
 	}
 	err := s.db.writes.update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(records)
@@ -150,11 +107,9 @@ func (s *Store) update(ctx context.Context, op string, key store.Key, token stor
 		return fn(b, v, t)
 	})
 	if err != nil && !errors.Is(err, store.ErrNotOwner) {
-		return unavailable(op, err)
+		return store.Unavailable(op, err)
 	}
 	return err
 }
 
-func unavailable(op string, err error) error {
-	return fmt.Errorf("%w: %s: %w", store.ErrUnavailable, op, err)
-}
+var _ store.Store = (*Store)(nil)

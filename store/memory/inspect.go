@@ -8,9 +8,9 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
-// name is the registry name of the table a store with these limits uses:
+// registryName is the registry name of the table a store with these limits uses:
 // every store with the same limits shares one table.
-func name(maxEntries int, maxBytes int64) string {
+func registryName(maxEntries int, maxBytes int64) string {
 	return fmt.Sprintf("memory:%d/%d", maxEntries, maxBytes)
 }
 
@@ -68,7 +68,7 @@ func (t *table) claims(n, cutoff time.Time) ([]store.Entry, error) {
 	nano := n.UnixNano()
 	var out []store.Entry
 	for k, e := range t.entries {
-		if e.state() != store.InProgress || nano >= e.expires {
+		if e.blob.State() != store.InProgress || nano >= e.expires {
 			continue
 		}
 		rec, err := store.DecodeRecord(e.blob)

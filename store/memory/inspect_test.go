@@ -10,42 +10,33 @@ import (
 )
 
 func TestInspector(t *testing.T) {
-	storetest.RunInspector(t, func(t *testing.T) store.Store { return open(t, &Memory{}) })
-}
-
-func registered(name string) store.Store {
-	for _, r := range store.Registered() {
-		if r.Name == name {
-			return r.Store
-		}
-	}
-	return nil
+	storetest.RunInspector(t, func(t *testing.T) store.Store { return storetest.Provision(t, &Memory{}) })
 }
 
 // Every config with the same limits shares a table, so they share a name,
 // registered until the last of them is cleaned up.
 func TestRegistered(t *testing.T) {
 	const name = "memory:4243/268435456"
-	a := open(t, &Memory{MaxEntries: 4243})
-	if got := registered(name); got != a {
+	a := storetest.Provision(t, &Memory{MaxEntries: 4243})
+	if got := storetest.Registered(name); got != a {
 		t.Fatalf("registered %v under %s, want the store", got, name)
 	}
-	b := open(t, &Memory{MaxEntries: 4243, MaxBytes: defaultMaxBytes})
-	if got := registered(name); got != b {
+	b := storetest.Provision(t, &Memory{MaxEntries: 4243, MaxBytes: defaultMaxBytes})
+	if got := storetest.Registered(name); got != b {
 		t.Fatalf("registered %v after a reload, want the new store", got)
 	}
 	a.Cleanup()
-	if got := registered(name); got != b {
+	if got := storetest.Registered(name); got != b {
 		t.Fatalf("registered %v after the old config's cleanup, want the new store", got)
 	}
 	b.Cleanup()
-	if got := registered(name); got != nil {
+	if got := storetest.Registered(name); got != nil {
 		t.Fatalf("registered %v after every cleanup, want none", got)
 	}
 }
 
 func TestInFlightOldestFirst(t *testing.T) {
-	m := open(t, &Memory{MaxEntries: 4244})
+	m := storetest.Provision(t, &Memory{MaxEntries: 4244})
 	ctx := context.Background()
 	base := time.Now()
 	keys := make([]store.Key, 5)

@@ -4,14 +4,9 @@
 package memory
 
 import (
-	"context"
 	"fmt"
-	"strconv"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
-	"github.com/dustin/go-humanize"
 
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
@@ -23,12 +18,6 @@ func init() {
 const (
 	defaultMaxEntries = 100_000
 	defaultMaxBytes   = 256 << 20
-	sweepInterval     = time.Minute
-	// entryOverhead approximates what one record costs beyond its encoded
-	// blob, so max_bytes stays honest for many small records: the entry
-	// struct (88 bytes, a 96-byte allocation) and its map slot (a 32-byte
-	// key and a pointer, in a map 7/16 to 7/8 full: 46 to 92 bytes).
-	entryOverhead = 160
 )
 
 // tables keeps the maps alive across config reloads: a reload must not
@@ -75,7 +64,7 @@ func (m *Memory) Provision(caddy.Context) error {
 		return err
 	}
 	m.tab = val.(*table)
-	m.name = name(m.MaxEntries, m.MaxBytes)
+	m.name = registryName(m.MaxEntries, m.MaxBytes)
 	store.Register(m.name, m)
 	return nil
 }
@@ -98,73 +87,9 @@ func (m *Memory) Cleanup() error {
 	return store.Detach(m, m.name, tables, &m.poolKey)
 }
 
-// UnmarshalCaddyfile sets up the store from Caddyfile tokens:
-//
-//	store memory {
-//		max_entries <n>
-//		max_bytes   <size>
-//	}
-func (m *Memory) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	d.Next() // the module name
-	if d.NextArg() {
-		return d.ArgErr()
-	}
-	for d.NextBlock(0) {
-		opt := d.Val()
-		if !d.NextArg() {
-			return d.ArgErr()
-		}
-		val := d.Val()
-		if d.NextArg() {
-			return d.ArgErr()
-		}
-		switch opt {
-		case "max_entries":
-			if m.MaxEntries != 0 {
-				return d.Errf("max_entries already specified")
-			}
-			n, err := strconv.Atoi(val)
-			if err != nil || n <= 0 {
-				return d.Errf("invalid max_entries '%s': want a positive integer", val)
-			}
-			m.MaxEntries = n
-		case "max_bytes":
-			if m.MaxBytes != 0 {
-				return d.Errf("max_bytes already specified")
-			}
-			n, err := humanize.ParseBytes(val)
-			if err != nil || n == 0 || n > 1<<62 {
-				return d.Errf("invalid max_bytes '%s': want a size such as 256MiB", val)
-			}
-			m.MaxBytes = int64(n)
-		default:
-			return d.Errf("unrecognized subdirective '%s'", opt)
-		}
-	}
-	return nil
-}
-
-func (m *Memory) Acquire(_ context.Context, k store.Key, c *store.Claim) (*store.Record, error) {
-	return m.tab.acquire(k, c)
-}
-
-func (m *Memory) Complete(_ context.Context, k store.Key, c *store.Claim, rec *store.Record, ttl time.Duration) error {
-	return m.tab.complete(k, c, rec, ttl)
-}
-
-func (m *Memory) Release(_ context.Context, k store.Key, tok store.Token) error {
-	return m.tab.release(k, tok)
-}
-
-func (m *Memory) Renew(_ context.Context, k store.Key, tok store.Token, lease time.Duration) error {
-	return m.tab.renew(k, tok, lease)
-}
-
 // Interface guards
 var (
-	_ store.Store           = (*Memory)(nil)
-	_ caddy.Provisioner     = (*Memory)(nil)
-	_ caddy.Validator       = (*Memory)(nil)
-	_ caddy.CleanerUpper    = (*Memory)(nil)
-	_ caddyfile.Unmarshaler = (*Memory)(nil)
+	_ caddy.Provisioner  = (*Memory)(nil)
+	_ caddy.Validator    = (*Memory)(nil)
+	_ caddy.CleanerUpper = (*Memory)(nil)
 )

@@ -8,6 +8,15 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
+const (
+	sweepInterval = time.Minute
+	// entryOverhead approximates what one record costs beyond its encoded
+	// blob, so max_bytes stays honest for many small records: the entry
+	// struct (88 bytes, a 96-byte allocation) and its map slot (a 32-byte
+	// key and a pointer, in a map 7/16 to 7/8 full: 46 to 92 bytes).
+	entryOverhead = 160
+)
+
 // now is replaceable in tests.
 var now = time.Now
 
@@ -36,19 +45,16 @@ type entry struct {
 	key store.Key
 	// blob is the encoded record. It is never written once built (a new
 	// blob replaces it), so records decoded from it may alias it, and it
-	// may be decoded outside the lock.
-	blob []byte
+	// may be decoded outside the lock. Its head tells the state and the
+	// owner, so that ownership is checked without decoding, as the Redis
+	// store's scripts do.
+	blob store.Encoded
 	// expires is the end of the lease or TTL, in Unix nanoseconds: a
 	// time.Time would hold a *Location for the GC to follow.
 	expires    int64
 	size       int64
 	prev, next *entry // in the eviction list, once completed
 }
-
-// The codec puts the state at byte 1 and the owner token at TokenOffset, so
-// ownership is checked without decoding, as the Redis store's scripts do.
-func (e *entry) state() store.State { return store.State(e.blob[1]) }
-func (e *entry) token() store.Token { return store.Token(e.blob[store.TokenOffset:]) }
 
 func newTable(maxEntries int, maxBytes int64) *table {
 	t := &table{
@@ -99,7 +105,7 @@ func (t *table) live(k store.Key, n int64) *entry {
 
 func (t *table) remove(e *entry) {
 	delete(t.entries, e.key)
-	if e.state() == store.Completed {
+	if e.blob.State() == store.Completed {
 		t.unlink(e)
 	}
 	t.bytes -= e.size
@@ -110,7 +116,7 @@ func (t *table) insert(e *entry) {
 	e.size = int64(len(e.blob) + entryOverhead)
 	t.entries[e.key] = e
 	t.bytes += e.size
-	if e.state() == store.Completed {
+	if e.blob.State() == store.Completed {
 		e.prev, e.next = t.newest, nil
 		if t.newest != nil {
 			t.newest.next = e
@@ -135,15 +141,6 @@ func (t *table) unlink(e *entry) {
 	e.prev, e.next = nil, nil
 }
 
-// owned returns k's in-progress entry if tok holds it.
-func (t *table) owned(k store.Key, tok store.Token, n int64) (*entry, error) {
-	e := t.live(k, n)
-	if e == nil || e.state() != store.InProgress || e.token() != tok {
-		return nil, store.ErrNotOwner
-	}
-	return e, nil
-}
-
 // makeRoom evicts the oldest completed records until need more bytes and
 // one more entry fit. Claims in flight are never evicted: dropping one
 // would let a duplicate run while its owner still runs.
@@ -154,82 +151,5 @@ func (t *table) makeRoom(need int64) error {
 		}
 		t.remove(t.oldest)
 	}
-	return nil
-}
-
-func (t *table) acquire(k store.Key, c *store.Claim) (*store.Record, error) {
-	found, err := t.claim(k, c)
-	if found == nil || err != nil {
-		return nil, err
-	}
-	return store.DecodeRecord(found)
-}
-
-// claim records c's claim unless k has a live record, whose blob it returns
-// for the caller to decode once the lock is released.
-func (t *table) claim(k store.Key, c *store.Claim) ([]byte, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	n := now()
-	nano := n.UnixNano()
-	c.TookOver = false
-	// An expired claim still here (the sweeper has not dropped it yet) is a
-	// dead owner's: claiming the key now takes it over.
-	old := t.entries[k]
-	dead := old != nil && nano >= old.expires && old.state() == store.InProgress
-	if e := t.live(k, nano); e != nil {
-		return e.blob, nil
-	}
-	blob := store.AppendClaim(nil, c, n)
-	if err := t.makeRoom(int64(len(blob) + entryOverhead)); err != nil {
-		return nil, err
-	}
-	t.insert(&entry{key: k, blob: blob, expires: n.Add(c.Lease).UnixNano()})
-	c.TookOver, c.CreatedAt = dead, n
-	return nil, nil
-}
-
-func (t *table) complete(k store.Key, c *store.Claim, rec *store.Record, ttl time.Duration) error {
-	// The record is encoded before taking the lock: it needs nothing from
-	// the table, since the claim carries the binding Acquire stored.
-	blob := store.AppendCompleted(nil, c, rec)
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	n := now()
-	e, err := t.owned(k, c.Token, n.UnixNano())
-	if err != nil {
-		return err
-	}
-	// Room is made with the claim itself out of the way, so a response too
-	// big for the whole table evicts others rather than failing forever.
-	t.remove(e)
-	if err := t.makeRoom(int64(len(blob) + entryOverhead)); err != nil {
-		return err
-	}
-	e.blob, e.expires = blob, n.Add(ttl).UnixNano()
-	t.insert(e)
-	return nil
-}
-
-func (t *table) release(k store.Key, tok store.Token) error {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	e, err := t.owned(k, tok, now().UnixNano())
-	if err != nil {
-		return err
-	}
-	t.remove(e)
-	return nil
-}
-
-func (t *table) renew(k store.Key, tok store.Token, lease time.Duration) error {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	n := now()
-	e, err := t.owned(k, tok, n.UnixNano())
-	if err != nil {
-		return err
-	}
-	e.expires = n.Add(lease).UnixNano()
 	return nil
 }

@@ -1,8 +1,8 @@
 package memory
 
 import (
-	"bytes"
 	"context"
+	"errors"
 	"net/http"
 	"reflect"
 	"strconv"
@@ -44,23 +44,12 @@ func TestEntryIsNearlyPointerFree(t *testing.T) {
 	}
 }
 
-// acquire claims a new key for a claim on endpoint, failing t if it cannot.
-func acquire(t *testing.T, m *Memory, endpoint string) (store.Key, *store.Claim) {
-	t.Helper()
-	k := storetest.NewKey()
-	c := &store.Claim{Token: storetest.NewToken(), Endpoint: endpoint, Fingerprint: store.Fingerprint{7}, Lease: time.Minute}
-	if rec, err := m.Acquire(context.Background(), k, c); rec != nil || err != nil {
-		t.Fatalf("Acquire = %v, %v", rec, err)
-	}
-	return k, c
-}
-
 // After many completions of different sizes, with claims among them, the
 // eviction list holds exactly the completed records in completion order,
 // the byte count is the sum of what the entries account for, and no claim
 // was evicted.
 func TestEvictionOrderAndAccounting(t *testing.T) {
-	m := open(t, &Memory{MaxEntries: 50, MaxBytes: 40_000})
+	m := storetest.Provision(t, &Memory{MaxEntries: 50, MaxBytes: 40_000})
 	ctx := context.Background()
 	var completed []store.Key // in completion order
 	var claims []store.Key
@@ -91,7 +80,7 @@ func TestEvictionOrderAndAccounting(t *testing.T) {
 			t.Fatalf("blob of %d bytes has capacity %d", len(e.blob), cap(e.blob))
 		}
 		bytes += e.size
-		if e.state() == store.InProgress {
+		if e.blob.State() == store.InProgress {
 			inProgress++
 		}
 	}
@@ -102,7 +91,7 @@ func TestEvictionOrderAndAccounting(t *testing.T) {
 		t.Fatalf("%d entries of %d bytes, over the bounds", len(tab.entries), tab.bytes)
 	}
 	for _, k := range claims {
-		if e := tab.entries[k]; e == nil || e.state() != store.InProgress {
+		if e := tab.entries[k]; e == nil || e.blob.State() != store.InProgress {
 			t.Fatal("a claim in flight was evicted")
 		}
 	}
@@ -126,36 +115,71 @@ func TestEvictionOrderAndAccounting(t *testing.T) {
 	}
 }
 
-// A replay is the response as it was completed, whatever the caller did
-// to its own header map and body afterwards: the blob holds a copy.
-func TestReplayIsExact(t *testing.T) {
-	m := open(t, &Memory{})
+func TestBoundedEntriesEvictsOldestCompleted(t *testing.T) {
+	m := storetest.Provision(t, &Memory{MaxEntries: 3, MaxBytes: 1 << 30})
 	ctx := context.Background()
-	k, c := acquire(t, m, "POST api.example.com/orders")
-	hdr := http.Header{
-		"Content-Type": {"application/json"},
-		"Set-Cookie":   {"a=1", "b=2"},
-		"X-Empty":      {""},
+	keys := make([]store.Key, 4)
+	for i := range keys {
+		keys[i] = storetest.NewKey()
+		c := &store.Claim{Token: storetest.NewToken(), Lease: time.Minute}
+		if _, err := m.Acquire(ctx, keys[i], c); err != nil {
+			t.Fatalf("Acquire %d: %v", i, err)
+		}
+		if err := m.Complete(ctx, keys[i], c, &store.Record{Status: 200}, time.Hour); err != nil {
+			t.Fatalf("Complete %d: %v", i, err)
+		}
 	}
-	body := []byte(`{"id":1}`)
-	if err := m.Complete(ctx, k, c, &store.Record{Status: 201, Header: hdr, Body: body}, time.Hour); err != nil {
-		t.Fatal(err)
+	if n := len(m.tab.entries); n != 3 {
+		t.Fatalf("%d entries kept, want the bound of 3", n)
 	}
-	want := hdr.Clone()
-	hdr["Content-Type"][0] = "text/plain"
-	hdr.Del("Set-Cookie")
-	body[0] = 'X'
+	if _, ok := m.tab.entries[keys[0]]; ok {
+		t.Fatal("the oldest completed record was not the one evicted")
+	}
+}
 
-	got, err := m.Acquire(ctx, k, &store.Claim{Token: storetest.NewToken(), Lease: time.Minute})
-	if err != nil || got == nil {
-		t.Fatalf("Acquire = %v, %v; want the record", got, err)
+func TestFullOfClaimsFailsInsteadOfEvicting(t *testing.T) {
+	m := storetest.Provision(t, &Memory{MaxEntries: 2, MaxBytes: 1 << 30})
+	ctx := context.Background()
+	for range 2 {
+		if _, err := m.Acquire(ctx, storetest.NewKey(), &store.Claim{Lease: time.Minute}); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if got.State != store.Completed || got.Status != 201 || got.Truncated ||
-		got.Token != c.Token || got.Endpoint != c.Endpoint || got.Fingerprint != c.Fingerprint ||
-		!got.CreatedAt.Equal(c.CreatedAt) {
-		t.Fatalf("replayed record %+v does not match the claim %+v", got, c)
+	_, err := m.Acquire(ctx, storetest.NewKey(), &store.Claim{Lease: time.Minute})
+	if !errors.Is(err, store.ErrUnavailable) {
+		t.Fatalf("Acquire on a table full of claims = %v, want ErrUnavailable", err)
 	}
-	if !reflect.DeepEqual(got.Header, want) || !bytes.Equal(got.Body, []byte(`{"id":1}`)) {
-		t.Fatalf("replayed %v %q, want %v %q", got.Header, got.Body, want, `{"id":1}`)
+}
+
+func TestBoundedBytes(t *testing.T) {
+	m := storetest.Provision(t, &Memory{MaxEntries: 1000, MaxBytes: 10_000})
+	ctx := context.Background()
+	for range 20 {
+		k, c := storetest.NewKey(), &store.Claim{Token: storetest.NewToken(), Lease: time.Minute}
+		if _, err := m.Acquire(ctx, k, c); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Complete(ctx, k, c, &store.Record{Status: 200, Body: make([]byte, 2000)}, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		if m.tab.bytes > 10_000 {
+			t.Fatalf("table holds %d bytes, over its bound of 10000", m.tab.bytes)
+		}
+	}
+}
+
+func TestSweepDropsExpired(t *testing.T) {
+	m := storetest.Provision(t, &Memory{MaxEntries: 50})
+	ctx := context.Background()
+	k, c := storetest.NewKey(), &store.Claim{Token: storetest.NewToken(), Lease: time.Minute}
+	m.Acquire(ctx, k, c)
+	m.Complete(ctx, k, c, &store.Record{Status: 200, Body: []byte("x")}, time.Millisecond)
+	time.Sleep(5 * time.Millisecond)
+	m.tab.mu.Lock()
+	e := m.tab.live(k, now().UnixNano())
+	n, b := len(m.tab.entries), m.tab.bytes
+	m.tab.mu.Unlock()
+	if e != nil || n != 0 || b != 0 {
+		t.Fatalf("expired record still counted: entry %v, %d entries, %d bytes", e, n, b)
 	}
 }

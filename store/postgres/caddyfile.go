@@ -1,8 +1,6 @@
 package postgres
 
 import (
-	"strconv"
-
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
 	"github.com/caddy-idempotency/caddy-idempotency/internal/cfarg"
@@ -20,57 +18,31 @@ import (
 //
 // Each option may be given once; dsn is required.
 func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	d.Next() // the module name
-	if d.NextArg() {
-		return d.Errf("unexpected argument '%s'; options go in a block", d.Val())
-	}
-	seen := make(map[string]bool)
-	for d.NextBlock(0) {
-		opt := d.Val()
-		if seen[opt] {
-			return d.Errf("duplicate subdirective '%s'", opt)
-		}
-		seen[opt] = true
-
-		switch opt {
-		case "dsn", "table", "schema", "max_conns", "create_table":
-		default:
-			return d.Errf("unrecognized subdirective '%s'", opt)
-		}
-		// Every option takes exactly one value.
-		val, err := cfarg.One(d, opt)
-		if err != nil {
-			return err
-		}
+	err := cfarg.Block(d, nil, func(opt string) (err error) {
 		switch opt {
 		case "dsn":
-			s.DSN = val
+			s.DSN, err = cfarg.One(d, opt)
 		case "table":
-			s.Table = val
+			s.Table, err = cfarg.One(d, opt)
 		case "schema":
-			s.Schema = val
+			s.Schema, err = cfarg.One(d, opt)
 		case "max_conns":
-			n, err := strconv.Atoi(val)
-			if err != nil || n <= 0 {
-				return d.Errf("max_conns: '%s' is not a positive integer", val)
-			}
-			s.MaxConns = n
+			s.MaxConns, err = cfarg.Count(d, opt, true)
 		case "create_table":
-			var on bool
-			switch val {
-			case "on":
-				on = true
-			case "off":
-			default:
-				return d.Errf("create_table: '%s' is not on or off", val)
+			var v string
+			if v, err = cfarg.OneOf(d, opt, "on", "off"); err == nil {
+				on := v == "on"
+				s.CreateTable = &on
 			}
-			s.CreateTable = &on
+		default:
+			err = cfarg.Unrecognized(d, opt)
 		}
-	}
-	if s.DSN == "" {
+		return err
+	})
+	if err == nil && s.DSN == "" {
 		return d.Err("dsn: a connection string is required")
 	}
-	return nil
+	return err
 }
 
 // Interface guard

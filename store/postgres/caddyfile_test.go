@@ -24,10 +24,10 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 		{in: `postgres postgres://db`, wantErr: "unexpected argument 'postgres://db'"},
 		{in: "postgres {\n dsn\n}", wantErr: "dsn: expected a value"},
 		{in: "postgres {\n dsn a b\n}", wantErr: "dsn: unexpected extra argument 'b'"},
-		{in: "postgres {\n dsn a\n dsn b\n}", wantErr: "duplicate subdirective 'dsn'"},
+		{in: "postgres {\n dsn a\n dsn b\n}", wantErr: "dsn already specified"},
 		{in: "postgres {\n dsn a\n max_conns 0\n}", wantErr: "max_conns: '0' is not a positive integer"},
 		{in: "postgres {\n dsn a\n max_conns many\n}", wantErr: "max_conns: 'many'"},
-		{in: "postgres {\n dsn a\n create_table yes\n}", wantErr: "create_table: 'yes' is not on or off"},
+		{in: "postgres {\n dsn a\n create_table yes\n}", wantErr: "create_table: want on or off, got 'yes'"},
 		{in: "postgres {\n dsn a\n table\n}", wantErr: "table: expected a value"},
 		{in: "postgres {\n dsn a\n color blue\n}", wantErr: "unrecognized subdirective 'color'"},
 	} {

@@ -10,6 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
+
+	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
 // The reaper deletes expired rows only to bound the table's size: reads and
@@ -103,7 +105,7 @@ func (db *database) ensure(ctx context.Context) error {
 	select {
 	case db.ensuring <- struct{}{}:
 	case <-ctx.Done():
-		return unavailable("creating table", ctx.Err())
+		return store.Unavailable("creating table", ctx.Err())
 	}
 	defer func() { <-db.ensuring }()
 	if db.ready.Load() {
@@ -125,7 +127,7 @@ func (db *database) ensure(ctx context.Context) error {
 			db.logger.Warn("cannot create the idempotency table yet; requests follow on_store_error until it exists",
 				zap.String("table", db.qualified), zap.Error(err))
 		}
-		return unavailable("creating table", err)
+		return store.Unavailable("creating table", err)
 	}
 	if db.warned.Load() {
 		db.logger.Info("idempotency table is ready", zap.String("table", db.qualified))
@@ -175,7 +177,7 @@ func (db *database) run(ctx context.Context) {
 func (db *database) reap(ctx context.Context, batch int, afterBatch func()) (deleted int64, err error) {
 	conn, err := db.pool.Acquire(ctx)
 	if err != nil {
-		return 0, unavailable("reaping", err)
+		return 0, store.Unavailable("reaping", err)
 	}
 	var locked bool
 	err = conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", db.reapLock).Scan(&locked)
@@ -183,7 +185,7 @@ func (db *database) reap(ctx context.Context, batch int, afterBatch func()) (del
 		// The lock may or may not be held: drop the session so that the
 		// server releases whatever it holds.
 		closeConn(conn)
-		return 0, unavailable("reaping", err)
+		return 0, store.Unavailable("reaping", err)
 	}
 	if !locked {
 		conn.Release()
@@ -201,7 +203,7 @@ func (db *database) reap(ctx context.Context, batch int, afterBatch func()) (del
 	for {
 		tag, err := conn.Exec(ctx, db.q.reap, batch)
 		if err != nil {
-			return deleted, unavailable("reaping", err)
+			return deleted, store.Unavailable("reaping", err)
 		}
 		deleted += tag.RowsAffected()
 		if afterBatch != nil {

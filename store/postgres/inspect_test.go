@@ -14,7 +14,7 @@ import (
 
 func TestInspector(t *testing.T) {
 	storetest.RunInspector(t, func(t *testing.T) store.Store {
-		return provision(t, &Store{DSN: shared.DSN(), Table: newTable()})
+		return storetest.Provision(t, &Store{DSN: shared.DSN(), Table: newTable()})
 	})
 }
 
@@ -25,14 +25,14 @@ func TestInspectorUnavailable(t *testing.T) {
 	}
 	addr := l.Addr().(*net.TCPAddr)
 	l.Close() // nothing listens there now
-	s := provision(t, &Store{DSN: fmt.Sprintf("postgres://caddy@127.0.0.1:%d/db?connect_timeout=1", addr.Port), Table: newTable()})
+	s := storetest.Provision(t, &Store{DSN: fmt.Sprintf("postgres://caddy@127.0.0.1:%d/db?connect_timeout=1", addr.Port), Table: newTable()})
 	storetest.CheckInspectorUnavailable(t, s)
 }
 
 // The Inspector creates the table like every other call, so that looking
 // before the first request is not an error.
 func TestInspectorCreatesTable(t *testing.T) {
-	s := provision(t, &Store{DSN: shared.DSN(), Table: newTable()})
+	s := storetest.Provision(t, &Store{DSN: shared.DSN(), Table: newTable()})
 	rec, _, err := s.Lookup(context.Background(), storetest.NewKey())
 	if rec != nil || err != nil {
 		t.Fatalf("Lookup on a new table = %+v, %v", rec, err)
@@ -41,7 +41,7 @@ func TestInspectorCreatesTable(t *testing.T) {
 
 func TestRegistryName(t *testing.T) {
 	table := newTable()
-	s := provision(t, &Store{DSN: shared.DSN(), Table: table, Schema: "public"})
+	s := storetest.Provision(t, &Store{DSN: shared.DSN(), Table: table, Schema: "public"})
 	_, port, _ := net.SplitHostPort(shared.Addr())
 	if !strings.HasPrefix(s.name, "postgres:") || !strings.HasSuffix(s.name, "/public."+table) || !strings.Contains(s.name, ":"+port+"/") {
 		t.Fatalf("name %q, want postgres:<host>:%s/<database>/public.%s", s.name, port, table)
@@ -63,11 +63,11 @@ func TestRegistryName(t *testing.T) {
 	// No password in the name, whatever the DSN. (Nothing listens on
 	// port 1, and with create_table off nothing tries to connect.)
 	off := false
-	secret := provision(t, &Store{DSN: "postgres://alice:s3cret@127.0.0.1:1/app?sslmode=disable", Table: table, CreateTable: &off})
+	secret := storetest.Provision(t, &Store{DSN: "postgres://alice:s3cret@127.0.0.1:1/app?sslmode=disable", Table: table, CreateTable: &off})
 	if want := "postgres:127.0.0.1:1/app/" + table; secret.name != want {
 		t.Fatalf("name %q, want %q", secret.name, want)
 	}
-	withPath := provision(t, &Store{DSN: "host=127.0.0.1 port=1 dbname=app password=s3cret search_path=tenant1", Table: table, CreateTable: &off})
+	withPath := storetest.Provision(t, &Store{DSN: "host=127.0.0.1 port=1 dbname=app password=s3cret search_path=tenant1", Table: table, CreateTable: &off})
 	if want := "postgres:127.0.0.1:1/app/tenant1." + table; withPath.name != want {
 		t.Fatalf("name %q, want %q", withPath.name, want)
 	}
@@ -75,7 +75,7 @@ func TestRegistryName(t *testing.T) {
 
 // InFlight reads the oldest claims first, by the database's clock.
 func TestInFlightOldestFirst(t *testing.T) {
-	s := provision(t, &Store{DSN: shared.DSN(), Table: newTable()})
+	s := storetest.Provision(t, &Store{DSN: shared.DSN(), Table: newTable()})
 	ctx := context.Background()
 	keys := make([]store.Key, 4)
 	for i := range keys {

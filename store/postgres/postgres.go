@@ -20,7 +20,6 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
@@ -37,11 +36,6 @@ const (
 	// connect_timeout, so that an unreachable host costs a request little
 	// time even if its context has no deadline.
 	defaultConnectTimeout = 2 * time.Second
-	// callTimeout bounds one store call, waiting for a pooled connection
-	// included: the handler's calls after a response carry no deadline of
-	// their own, and a stalled server must not hold a request (or the
-	// claim it renews) for ever.
-	callTimeout = 5 * time.Second
 	// maxIdentifier is PostgreSQL's NAMEDATALEN-1: longer names would be
 	// silently truncated, and two tables could end up sharing one.
 	maxIdentifier = 63
@@ -211,42 +205,8 @@ func redactDSN(dsn string) string {
 	return u.Redacted()
 }
 
-// DDL returns the statements that create the table and its indexes, for the
-// given schema (empty for the search_path's) and table. The store runs them
-// itself unless create_table is off; they are safe to run again.
-func DDL(schema, table string) string {
-	name := qualify(schema, table)
-	index := pgx.Identifier{table + "_expires_at_idx"}.Sanitize()
-	inFlight := pgx.Identifier{table + "_in_progress_idx"}.Sanitize()
-	return fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %[1]s (
-	key         bytea       PRIMARY KEY,
-	state       text        NOT NULL CHECK (state IN ('in_progress', 'completed')),
-	token       bytea       NOT NULL,
-	endpoint    text        NOT NULL,
-	fingerprint bytea       NOT NULL,
-	status      integer     NOT NULL DEFAULT 0,
-	headers     jsonb,
-	body        bytea,
-	truncated   boolean     NOT NULL DEFAULT false,
-	created_at  timestamptz NOT NULL DEFAULT now(),
-	expires_at  timestamptz NOT NULL
-);
-CREATE INDEX IF NOT EXISTS %[2]s ON %[1]s (expires_at);
-CREATE INDEX IF NOT EXISTS %[3]s ON %[1]s (created_at) WHERE state = 'in_progress';
-`, name, index, inFlight)
-}
-
-// qualify quotes the table name, so that it is used exactly as written.
-func qualify(schema, table string) string {
-	if schema == "" {
-		return pgx.Identifier{table}.Sanitize()
-	}
-	return pgx.Identifier{schema, table}.Sanitize()
-}
-
 // Interface guards
 var (
-	_ store.Store        = (*Store)(nil)
 	_ caddy.Provisioner  = (*Store)(nil)
 	_ caddy.Validator    = (*Store)(nil)
 	_ caddy.CleanerUpper = (*Store)(nil)

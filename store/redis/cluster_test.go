@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/caddy-idempotency/caddy-idempotency/internal/testredis"
@@ -22,7 +21,7 @@ import (
 // shares. Several addresses without master_name select Cluster mode.
 func openCluster(t testing.TB, cl *testredis.Cluster, prefix string) *Store {
 	t.Helper()
-	s := provision(t, &Store{Addresses: cl.Addrs(), KeyPrefix: prefix})
+	s := storetest.Provision(t, &Store{Addresses: cl.Addrs(), KeyPrefix: prefix})
 	if _, ok := s.client.(*goredis.ClusterClient); !ok {
 		t.Fatalf("%d addresses gave a %T, want a cluster client", len(cl.Addrs()), s.client)
 	}
@@ -330,13 +329,10 @@ func TestClusterFailoverDuringRequest(t *testing.T) {
 // and then fail the same way.
 func TestClusterMasterCrash(t *testing.T) {
 	cl := testredis.StartCluster(t, 3)
-	s := provision(t, &Store{
-		Addresses:    cl.Addrs(),
-		KeyPrefix:    "crash",
-		DialTimeout:  caddy.Duration(200 * time.Millisecond),
-		ReadTimeout:  caddy.Duration(200 * time.Millisecond),
-		WriteTimeout: caddy.Duration(200 * time.Millisecond),
-	})
+	s := storetest.Provision(t, failFast(&Store{
+		Addresses: cl.Addrs(),
+		KeyPrefix: "crash",
+	}))
 	ctx := context.Background()
 	// A claimed key on every master.
 	keys := make(map[int]store.Key)

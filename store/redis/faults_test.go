@@ -28,7 +28,7 @@ func openProxied(t *testing.T) (*testredis.Server, *faultproxy.Proxy, *Store) {
 	t.Helper()
 	srv := testredis.Start(t)
 	p := faultproxy.Start(t, srv.Addr())
-	s := provision(t, &Store{
+	s := storetest.Provision(t, &Store{
 		Addresses:    []string{p.Addr()},
 		KeyPrefix:    "faults",
 		DialTimeout:  caddy.Duration(faultTimeout),
@@ -281,7 +281,7 @@ func TestFaultBlackholeFromTheStart(t *testing.T) {
 	p := faultproxy.Start(t, srv.Addr())
 	p.Blackhole(true)
 	start := time.Now()
-	s := provision(t, &Store{
+	s := storetest.Provision(t, &Store{
 		Addresses:    []string{p.Addr()},
 		DialTimeout:  caddy.Duration(faultTimeout),
 		ReadTimeout:  caddy.Duration(faultTimeout),

@@ -2,7 +2,6 @@ package redis
 
 import (
 	"context"
-	"encoding/hex"
 	"errors"
 	"slices"
 	"strconv"
@@ -52,15 +51,15 @@ func (s *Store) Lookup(ctx context.Context, key store.Key) (*store.Record, time.
 		return nil, time.Time{}, nil
 	}
 	if err != nil {
-		return nil, time.Time{}, unavailable("looking up", err)
+		return nil, time.Time{}, store.Unavailable("looking up", err)
 	}
 	val, err := get.Bytes()
 	if err != nil {
-		return nil, time.Time{}, unavailable("looking up", err)
+		return nil, time.Time{}, store.Unavailable("looking up", err)
 	}
 	rec, err := store.DecodeRecord(val)
 	if err != nil {
-		return nil, time.Time{}, unavailable("decoding record", err)
+		return nil, time.Time{}, store.Unavailable("decoding record", err)
 	}
 	return rec, expiry(now(), pttl.Val()), nil
 }
@@ -69,7 +68,7 @@ func (s *Store) Lookup(ctx context.Context, key store.Key) (*store.Record, time.
 func (s *Store) Delete(ctx context.Context, key store.Key) (bool, error) {
 	n, err := s.client.Del(ctx, s.key(key)).Result()
 	if err != nil {
-		return false, unavailable("deleting", err)
+		return false, store.Unavailable("deleting", err)
 	}
 	return n > 0, nil
 }
@@ -96,7 +95,7 @@ func (s *Store) InFlight(ctx context.Context, olderThan time.Duration, limit int
 		err = l.scan(ctx, s.client)
 	}
 	if err != nil {
-		return nil, unavailable("listing claims", err)
+		return nil, store.Unavailable("listing claims", err)
 	}
 	return store.SortEntries(l.found, limit), nil
 }
@@ -172,7 +171,7 @@ func (l *lister) inspect(ctx context.Context, c goredis.Cmdable, keys []string) 
 		}
 		ttl := ttls[i].Val()
 		// A key deleted or expired since SCAN saw it reads as "" and -2.
-		if len(head) < 2 || head[1] != byte(store.InProgress) || ttl == -2 {
+		if store.Encoded(head).State() != store.InProgress || ttl == -2 {
 			continue
 		}
 		if len(head) >= peekLen {
@@ -198,23 +197,6 @@ func (l *lister) inspect(ctx context.Context, c goredis.Cmdable, keys []string) 
 	return nil
 }
 
-// parseKey recovers the store key from a Redis key, <prefix>:{<hex>}.
-func parseKey(k, prefix string) (store.Key, bool) {
-	var key store.Key
-	h, ok := strings.CutPrefix(k, prefix)
-	if !ok {
-		return key, false
-	}
-	h, ok = strings.CutSuffix(h, "}")
-	if !ok || len(h) != 2*len(key) {
-		return key, false
-	}
-	if _, err := hex.Decode(key[:], []byte(h)); err != nil {
-		return key, false
-	}
-	return key, true
-}
-
 // expiry turns a PTTL answer into a time: zero when the key has no expiry
 // (-1) or is gone (-2).
 func expiry(t time.Time, ttl time.Duration) time.Time {
@@ -222,19 +204,6 @@ func expiry(t time.Time, ttl time.Duration) time.Time {
 		return time.Time{}
 	}
 	return t.Add(ttl)
-}
-
-// globEscape quotes the characters that SCAN's MATCH pattern treats
-// specially, so that the prefix matches itself only.
-func globEscape(s string) string {
-	var b strings.Builder
-	for _, r := range s {
-		if strings.ContainsRune(`*?[]\^`, r) {
-			b.WriteByte('\\')
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
 }
 
 var _ store.Inspector = (*Store)(nil)

@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/caddy-idempotency/caddy-idempotency/internal/testredis"
@@ -22,12 +21,7 @@ func TestInspector(t *testing.T) {
 
 func TestInspectorUnavailable(t *testing.T) {
 	srv := testredis.Start(t)
-	s := provision(t, &Store{
-		Addresses:    []string{srv.Addr()},
-		DialTimeout:  caddy.Duration(200 * time.Millisecond),
-		ReadTimeout:  caddy.Duration(200 * time.Millisecond),
-		WriteTimeout: caddy.Duration(200 * time.Millisecond),
-	})
+	s := storetest.Provision(t, failFast(&Store{Addresses: []string{srv.Addr()}}))
 	srv.Kill()
 	storetest.CheckInspectorUnavailable(t, s)
 }
@@ -36,9 +30,9 @@ func TestInspectorUnavailable(t *testing.T) {
 // skips what it did not write, and reads claims too long for one peek.
 func TestInFlightScan(t *testing.T) {
 	srv := testredis.Start(t)
-	s := provision(t, &Store{Addresses: []string{srv.Addr()}, KeyPrefix: "te*st[x]"})
+	s := storetest.Provision(t, &Store{Addresses: []string{srv.Addr()}, KeyPrefix: "te*st[x]"})
 	// Unescaped, the pattern te*st[x]:{*} would match this store's keys.
-	neighbour := provision(t, &Store{Addresses: []string{srv.Addr()}, KeyPrefix: "teXstx"})
+	neighbour := storetest.Provision(t, &Store{Addresses: []string{srv.Addr()}, KeyPrefix: "teXstx"})
 	ctx := context.Background()
 	rdb := srv.Client()
 
@@ -107,7 +101,7 @@ func TestInFlightScan(t *testing.T) {
 
 func TestRegistryName(t *testing.T) {
 	srv := testredis.Start(t)
-	s := provision(t, &Store{Addresses: []string{srv.Addr()}, Password: "hunter2", DB: 3})
+	s := storetest.Provision(t, &Store{Addresses: []string{srv.Addr()}, Password: "hunter2", DB: 3})
 	want := "redis:" + srv.Addr() + "/3/idempotency"
 	if s.name != want {
 		t.Fatalf("name %q, want %q", s.name, want)
@@ -132,11 +126,5 @@ func TestRegistryName(t *testing.T) {
 	sentinel := &Store{opts: goredis.UniversalOptions{Addrs: []string{"s2:26379", "s1:26379"}, MasterName: "mymaster", DB: 2}, prefix: "app"}
 	if got, want := sentinel.registryName(), "redis:mymaster@s1:26379,s2:26379/2/app"; got != want {
 		t.Fatalf("Sentinel name %q, want %q", got, want)
-	}
-}
-
-func TestGlobEscape(t *testing.T) {
-	if got, want := globEscape(`a*b?c[d]e\f^g`), `a\*b\?c\[d\]e\\f\^g`; got != want {
-		t.Fatalf("globEscape = %q, want %q", got, want)
 	}
 }

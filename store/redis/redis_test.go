@@ -5,15 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
-	"reflect"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/caddy-idempotency/caddy-idempotency/internal/testredis"
@@ -21,64 +17,18 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/store/storetest"
 )
 
-// provision provisions s as Caddy would and cleans it up after the test.
-func provision(t testing.TB, s *Store) *Store {
-	t.Helper()
-	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-	t.Cleanup(cancel)
-	if err := s.Provision(ctx); err != nil {
-		t.Fatalf("Provision: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := s.Cleanup(); err != nil {
-			t.Errorf("Cleanup: %v", err)
-		}
-	})
-	if err := s.Validate(); err != nil {
-		t.Fatalf("Validate: %v", err)
-	}
-	return s
-}
-
 // open returns a store on srv whose keys no other test shares.
 func open(t testing.TB, srv *testredis.Server) *Store {
-	return provision(t, &Store{Addresses: []string{srv.Addr()}, KeyPrefix: "test:" + t.Name()})
+	return storetest.Provision(t, &Store{Addresses: []string{srv.Addr()}, KeyPrefix: "test:" + t.Name()})
 }
 
-func TestContract(t *testing.T) {
-	srv := testredis.Start(t)
-	storetest.Run(t, func(t *testing.T) store.Store { return open(t, srv) })
-}
-
-func TestUnavailableThenRecovers(t *testing.T) {
-	srv := testredis.Start(t)
-	s := provision(t, &Store{
-		Addresses:    []string{srv.Addr()},
-		DialTimeout:  caddy.Duration(200 * time.Millisecond),
-		ReadTimeout:  caddy.Duration(200 * time.Millisecond),
-		WriteTimeout: caddy.Duration(200 * time.Millisecond),
-	})
-	ctx := context.Background()
-	if _, err := s.Acquire(ctx, storetest.NewKey(), claim()); err != nil {
-		t.Fatalf("Acquire before the kill: %v", err)
-	}
-
-	srv.Kill()
-	start := time.Now()
-	storetest.CheckUnavailable(t, s)
-	if took := time.Since(start); took > 5*time.Second {
-		t.Errorf("four calls on a dead Redis took %v", took)
-	}
-
-	// The same store, with no help, works once Redis is back.
-	srv.Restart(t)
-	k, c := storetest.NewKey(), claim()
-	if rec, err := s.Acquire(ctx, k, c); rec != nil || err != nil {
-		t.Fatalf("Acquire after the restart = %+v, %v; want a claim", rec, err)
-	}
-	if err := s.Complete(ctx, k, c, &store.Record{Status: 204}, time.Minute); err != nil {
-		t.Fatalf("Complete after the restart: %v", err)
-	}
+// failFast gives s timeouts short enough for a test to wait on a dead
+// server.
+func failFast(s *Store) *Store {
+	s.DialTimeout = caddy.Duration(200 * time.Millisecond)
+	s.ReadTimeout = caddy.Duration(200 * time.Millisecond)
+	s.WriteTimeout = caddy.Duration(200 * time.Millisecond)
+	return s
 }
 
 func TestProvisionWithRedisDown(t *testing.T) {
@@ -90,147 +40,12 @@ func TestProvisionWithRedisDown(t *testing.T) {
 	l.Close() // nothing listens there now
 
 	start := time.Now()
-	s := provision(t, &Store{Addresses: []string{addr}})
+	s := storetest.Provision(t, &Store{Addresses: []string{addr}})
 	if took := time.Since(start); took > 1500*time.Millisecond {
 		t.Errorf("Provision with Redis down took %v, want about 1s at most", took)
 	}
 	if _, err := s.Acquire(context.Background(), storetest.NewKey(), claim()); !errors.Is(err, store.ErrUnavailable) {
 		t.Fatalf("Acquire = %v, want ErrUnavailable", err)
-	}
-}
-
-func TestCancelledContextIsUnavailable(t *testing.T) {
-	s := open(t, testredis.Start(t))
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	if _, err := s.Acquire(ctx, storetest.NewKey(), claim()); !errors.Is(err, store.ErrUnavailable) || !errors.Is(err, context.Canceled) {
-		t.Fatalf("Acquire with a cancelled context = %v, want ErrUnavailable wrapping context.Canceled", err)
-	}
-}
-
-// countHook counts what the client sends, one per round trip.
-type countHook struct{ n atomic.Int64 }
-
-func (h *countHook) DialHook(next goredis.DialHook) goredis.DialHook { return next }
-func (h *countHook) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
-	return func(ctx context.Context, cmd goredis.Cmder) error {
-		h.n.Add(1)
-		return next(ctx, cmd)
-	}
-}
-func (h *countHook) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []goredis.Cmder) error {
-		h.n.Add(int64(len(cmds)))
-		return next(ctx, cmds)
-	}
-}
-
-func TestRoundTrips(t *testing.T) {
-	srv := testredis.Start(t)
-	s := open(t, srv)
-	hook := &countHook{}
-	s.client.AddHook(hook)
-	ctx := context.Background()
-
-	// Warm up: load the script and open the connection.
-	k, c := storetest.NewKey(), claim()
-	s.Acquire(ctx, k, c)
-	if err := s.Complete(ctx, k, c, &store.Record{Status: 200}, time.Minute); err != nil {
-		t.Fatal(err)
-	}
-
-	measure := func(name string, wantSent int64, want map[string]int64, f func()) {
-		t.Helper()
-		srv.ConfigResetStat(t)
-		sent := hook.n.Load()
-		f()
-		if got := hook.n.Load() - sent; got != wantSent {
-			t.Errorf("%s sent %d commands, want %d", name, got, wantSent)
-		}
-		got := srv.CommandStats(t)
-		for _, admin := range []string{"config|resetstat", "info", "hello", "client|setinfo", "ping"} {
-			delete(got, admin)
-		}
-		if !reflect.DeepEqual(got, want) {
-			t.Errorf("%s ran %v on the server, want %v", name, got, want)
-		}
-	}
-
-	k, c = storetest.NewKey(), claim()
-	// Redis also counts the commands a script runs: the script's GETRANGE
-	// and SET appear beside the EVALSHA, which is one round trip. The
-	// script reads no more than the 18-byte owner prefix: the record it
-	// stores comes whole from the handler.
-	measure("a first execution", 2, map[string]int64{"set": 2, "evalsha": 1, "getrange": 1}, func() {
-		if rec, err := s.Acquire(ctx, k, c); rec != nil || err != nil {
-			t.Fatalf("Acquire = %+v, %v", rec, err)
-		}
-		if err := s.Complete(ctx, k, c, &store.Record{Status: 201, Body: []byte("ok")}, time.Minute); err != nil {
-			t.Fatalf("Complete: %v", err)
-		}
-	})
-	measure("a replay", 1, map[string]int64{"set": 1}, func() {
-		if rec, err := s.Acquire(ctx, k, claim()); err != nil || rec == nil || rec.Status != 201 {
-			t.Fatalf("replay Acquire = %+v, %v", rec, err)
-		}
-	})
-	k2 := storetest.NewKey()
-	s.Acquire(ctx, k2, claim())
-	measure("a conflict", 1, map[string]int64{"set": 1}, func() {
-		if rec, err := s.Acquire(ctx, k2, claim()); err != nil || rec == nil || rec.State != store.InProgress {
-			t.Fatalf("conflicting Acquire = %+v, %v", rec, err)
-		}
-	})
-}
-
-func TestCompleteKeepsClaimBinding(t *testing.T) {
-	s := open(t, testredis.Start(t))
-	created := time.Date(2025, 3, 1, 12, 0, 0, 123456789, time.UTC)
-	now = func() time.Time { return created }
-	t.Cleanup(func() { now = time.Now })
-
-	ctx := context.Background()
-	k, c := storetest.NewKey(), claim()
-	c.Endpoint = strings.Repeat("POST example.com/long/path/", 20) // a multi-byte length prefix
-	s.Acquire(ctx, k, c)
-	rec := &store.Record{Status: 409, Header: http.Header{"A": {"1"}}, Body: []byte{0, 1, 2}, Truncated: true}
-	if err := s.Complete(ctx, k, c, rec, time.Minute); err != nil {
-		t.Fatal(err)
-	}
-	got, err := s.Acquire(ctx, k, claim())
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := &store.Record{State: store.Completed, Token: c.Token, Endpoint: c.Endpoint, Fingerprint: c.Fingerprint,
-		CreatedAt: created, Status: 409, Header: rec.Header, Body: rec.Body, Truncated: true}
-	got.CreatedAt = got.CreatedAt.UTC()
-	if !reflect.DeepEqual(got, want) {
-		t.Fatalf("completed record =\n%+v\nwant\n%+v", got, want)
-	}
-}
-
-// A retried SET whose first attempt was applied finds its own claim.
-func TestAcquireOwnClaimIsAClaim(t *testing.T) {
-	s := open(t, testredis.Start(t))
-	k, c := storetest.NewKey(), claim()
-	for i := range 2 {
-		if rec, err := s.Acquire(context.Background(), k, c); rec != nil || err != nil {
-			t.Fatalf("Acquire #%d = %+v, %v; want a claim", i+1, rec, err)
-		}
-	}
-}
-
-func TestKeysShareOneHashTag(t *testing.T) {
-	srv := testredis.Start(t)
-	s := provision(t, &Store{Addresses: []string{srv.Addr()}, KeyPrefix: "app"})
-	k := storetest.NewKey()
-	want := "app:{" + k.String() + "}"
-	if got := s.key(k); got != want {
-		t.Fatalf("key = %q, want %q", got, want)
-	}
-	s.Acquire(context.Background(), k, claim())
-	if n, err := srv.Client().Exists(context.Background(), want).Result(); err != nil || n != 1 {
-		t.Fatalf("EXISTS %s = %d, %v", want, n, err)
 	}
 }
 
@@ -241,7 +56,7 @@ func TestPasswordPlaceholder(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Setenv("IDEM_TEST_REDIS_PASSWORD", "s3cret")
-	s := provision(t, &Store{Addresses: []string{srv.Addr()}, Username: "idem", Password: "{env.IDEM_TEST_REDIS_PASSWORD}"})
+	s := storetest.Provision(t, &Store{Addresses: []string{srv.Addr()}, Username: "idem", Password: "{env.IDEM_TEST_REDIS_PASSWORD}"})
 	if s.opts.Password != "s3cret" || s.Password != "{env.IDEM_TEST_REDIS_PASSWORD}" {
 		t.Fatalf("resolved password %q from %q", s.opts.Password, s.Password)
 	}
@@ -249,7 +64,7 @@ func TestPasswordPlaceholder(t *testing.T) {
 		t.Fatalf("Acquire as an ACL user: %v", err)
 	}
 
-	wrong := provision(t, &Store{Addresses: []string{srv.Addr()}, Username: "idem", Password: "nope"})
+	wrong := storetest.Provision(t, &Store{Addresses: []string{srv.Addr()}, Username: "idem", Password: "nope"})
 	if _, err := wrong.Acquire(ctx, storetest.NewKey(), claim()); !errors.Is(err, store.ErrUnavailable) {
 		t.Fatalf("Acquire with a wrong password = %v, want ErrUnavailable", err)
 	}
@@ -258,11 +73,11 @@ func TestPasswordPlaceholder(t *testing.T) {
 func TestClientIsSharedAcrossReloads(t *testing.T) {
 	srv := testredis.Start(t)
 	cfg := func() *Store { return &Store{Addresses: []string{srv.Addr()}} }
-	a, b := provision(t, cfg()), provision(t, cfg())
+	a, b := storetest.Provision(t, cfg()), storetest.Provision(t, cfg())
 	if a.client != b.client {
 		t.Fatal("two stores with the same configuration got different clients")
 	}
-	other := provision(t, &Store{Addresses: []string{srv.Addr()}, DB: 1})
+	other := storetest.Provision(t, &Store{Addresses: []string{srv.Addr()}, DB: 1})
 	if other.client == a.client {
 		t.Fatal("a different db shared the client")
 	}
@@ -326,102 +141,6 @@ func TestPasswordIsRedacted(t *testing.T) {
 	}
 }
 
-func TestUnmarshalCaddyfile(t *testing.T) {
-	for _, tc := range []struct {
-		input string
-		want  Store
-	}{
-		{`redis`, Store{}},
-		{`redis {
-			address 10.0.0.1:6379 10.0.0.2:6379
-			address 10.0.0.3:6379
-			master_name mymaster
-			username idem
-			password {env.REDIS_PASSWORD}
-			db 3
-			key_prefix shop
-			tls
-			dial_timeout 500ms
-			read_timeout 1s
-			write_timeout 2s
-			pool_size 20
-		}`, Store{
-			Addresses: []string{"10.0.0.1:6379", "10.0.0.2:6379", "10.0.0.3:6379"}, MasterName: "mymaster",
-			Username: "idem", Password: "{env.REDIS_PASSWORD}", DB: 3, KeyPrefix: "shop", TLS: true,
-			DialTimeout: caddy.Duration(500 * time.Millisecond), ReadTimeout: caddy.Duration(time.Second),
-			WriteTimeout: caddy.Duration(2 * time.Second), PoolSize: 20,
-		}},
-	} {
-		var got Store
-		if err := got.UnmarshalCaddyfile(caddyfile.NewTestDispenser(tc.input)); err != nil {
-			t.Errorf("UnmarshalCaddyfile(%s): %v", tc.input, err)
-			continue
-		}
-		if !reflect.DeepEqual(got, tc.want) {
-			t.Errorf("UnmarshalCaddyfile(%s) =\n%#v\nwant\n%#v", tc.input, got, tc.want)
-		}
-	}
-
-	for _, tc := range []struct{ input, want string }{
-		{`redis 127.0.0.1:6379`, "'127.0.0.1:6379'"},
-		{"redis {\n bogus 1\n}", "unrecognized subdirective 'bogus'"},
-		{"redis {\n address\n}", "address"},
-		{"redis {\n db three\n}", "db: 'three'"},
-		{"redis {\n db -1\n}", "db: '-1'"},
-		{"redis {\n db 1\n db 2\n}", "duplicate subdirective 'db'"},
-		{"redis {\n pool_size many\n}", "pool_size: 'many'"},
-		{"redis {\n password\n}", "password: expected a value"},
-		{"redis {\n username a b\n}", "username: unexpected extra argument 'b'"},
-		{"redis {\n tls yes\n}", "tls: unexpected argument 'yes'"},
-		{"redis {\n dial_timeout soon\n}", "dial_timeout: invalid duration 'soon'"},
-		{"redis {\n read_timeout -1s\n}", "read_timeout: invalid duration '-1s'"},
-		{"redis {\n write_timeout\n}", "write_timeout"},
-		{"redis {\n key_prefix a\n key_prefix b\n}", "duplicate subdirective 'key_prefix'"},
-	} {
-		var s Store
-		err := s.UnmarshalCaddyfile(caddyfile.NewTestDispenser(tc.input))
-		if err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("UnmarshalCaddyfile(%q) = %v, want an error containing %q", tc.input, err, tc.want)
-		}
-	}
-}
-
-func TestMillis(t *testing.T) {
-	for d, want := range map[time.Duration]int64{0: 1, -time.Second: 1, time.Nanosecond: 1, time.Millisecond: 1,
-		1500 * time.Microsecond: 2, time.Minute: 60000} {
-		if got := millis(d); got != want {
-			t.Errorf("millis(%v) = %d, want %d", d, got, want)
-		}
-	}
-}
-
 func claim() *store.Claim {
 	return &store.Claim{Token: storetest.NewToken(), Endpoint: "POST example.com/orders", Lease: time.Minute}
-}
-
-func BenchmarkAcquireNewKey(b *testing.B) {
-	s := open(b, testredis.Start(b))
-	ctx, c := context.Background(), claim()
-	b.ReportAllocs()
-	for b.Loop() {
-		if _, err := s.Acquire(ctx, storetest.NewKey(), c); err != nil {
-			b.Fatal(err)
-		}
-	}
-}
-
-func BenchmarkReplay(b *testing.B) {
-	s := open(b, testredis.Start(b))
-	ctx, k, c := context.Background(), storetest.NewKey(), claim()
-	s.Acquire(ctx, k, c)
-	body := []byte(strings.Repeat("x", 1024))
-	if err := s.Complete(ctx, k, c, &store.Record{Status: 200, Body: body}, time.Hour); err != nil {
-		b.Fatal(err)
-	}
-	b.ReportAllocs()
-	for b.Loop() {
-		if rec, err := s.Acquire(ctx, k, claim()); err != nil || rec == nil {
-			b.Fatal(rec, err)
-		}
-	}
 }

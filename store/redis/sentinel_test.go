@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/caddy-idempotency/caddy-idempotency/internal/faultproxy"
@@ -22,14 +21,11 @@ import (
 // Sentinels, with short timeouts so that a dead master costs little.
 func openSentinel(t testing.TB, sg *testredis.Sentinel, prefix string) *Store {
 	t.Helper()
-	s := provision(t, &Store{
-		Addresses:    sg.SentinelAddrs(),
-		MasterName:   sg.MasterName(),
-		KeyPrefix:    prefix,
-		DialTimeout:  caddy.Duration(200 * time.Millisecond),
-		ReadTimeout:  caddy.Duration(200 * time.Millisecond),
-		WriteTimeout: caddy.Duration(200 * time.Millisecond),
-	})
+	s := storetest.Provision(t, failFast(&Store{
+		Addresses:  sg.SentinelAddrs(),
+		MasterName: sg.MasterName(),
+		KeyPrefix:  prefix,
+	}))
 	if _, ok := s.client.(*goredis.Client); !ok {
 		t.Fatalf("master_name gave a %T, want a Sentinel failover client", s.client)
 	}

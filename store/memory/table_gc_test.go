@@ -18,7 +18,7 @@ import (
 // its default 100,000 completed records: what the GC pays, on every cycle,
 // to mark the records kept live.
 func BenchmarkGCWithFullTable(b *testing.B) {
-	m := open(b, &Memory{MaxEntries: 100_000, MaxBytes: 1 << 30})
+	m := storetest.Provision(b, &Memory{MaxEntries: 100_000, MaxBytes: 1 << 30})
 	ctx := context.Background()
 	body := make([]byte, 200)
 	for range 100_000 {

@@ -3,9 +3,14 @@ package postgres
 import (
 	"context"
 	"errors"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
+	"github.com/caddy-idempotency/caddy-idempotency/store"
 	"github.com/caddy-idempotency/caddy-idempotency/store/storetest"
 )
 
@@ -23,7 +28,7 @@ func fill(t *testing.T, s *Store, expired, live int) {
 }
 
 func TestReaperDeletesExpiredInBatches(t *testing.T) {
-	s := provision(t, &Store{DSN: shared.DSN(), Table: newTable()})
+	s := storetest.Provision(t, &Store{DSN: shared.DSN(), Table: newTable()})
 	fill(t, s, 35, 5)
 	batches := 0
 	n, err := s.db.reap(context.Background(), 10, func() { batches++ })
@@ -46,8 +51,8 @@ func TestReaperDeletesExpiredInBatches(t *testing.T) {
 // reaps, the other steps aside.
 func TestReaperOneAtATime(t *testing.T) {
 	table := newTable()
-	a := provision(t, &Store{DSN: shared.DSN(), Table: table, MaxConns: 3})
-	b := provision(t, &Store{DSN: shared.DSN(), Table: table, MaxConns: 4})
+	a := storetest.Provision(t, &Store{DSN: shared.DSN(), Table: table, MaxConns: 3})
+	b := storetest.Provision(t, &Store{DSN: shared.DSN(), Table: table, MaxConns: 4})
 	if a.db == b.db {
 		t.Fatal("the two stores share a pool; the test needs two")
 	}
@@ -86,7 +91,7 @@ func TestReaperOneAtATime(t *testing.T) {
 // A takeover and the reaper racing for one expired row: the new claim must
 // survive.
 func TestReaperSparesTakenOverRows(t *testing.T) {
-	s := provision(t, &Store{DSN: shared.DSN(), Table: newTable()})
+	s := storetest.Provision(t, &Store{DSN: shared.DSN(), Table: newTable()})
 	ctx := context.Background()
 	for range 20 {
 		k := storetest.NewKey()
@@ -116,7 +121,7 @@ func TestReaperSparesTakenOverRows(t *testing.T) {
 func TestReaperRunsAndStops(t *testing.T) {
 	defer func(d time.Duration) { reapInterval = d }(reapInterval)
 	reapInterval = 20 * time.Millisecond
-	s := provision(t, &Store{DSN: shared.DSN(), Table: newTable()})
+	s := storetest.Provision(t, &Store{DSN: shared.DSN(), Table: newTable()})
 	fill(t, s, 30, 3)
 	for deadline := time.Now().Add(10 * time.Second); count(t, shared.DSN(), s.table) != 3; {
 		if time.Now().After(deadline) {
@@ -130,5 +135,49 @@ func TestReaperRunsAndStops(t *testing.T) {
 	case <-db.done:
 	case <-time.After(5 * time.Second):
 		t.Fatal("the reaper still runs after Cleanup")
+	}
+}
+
+func TestCreateTableOff(t *testing.T) {
+	off := false
+	table := newTable()
+	s := storetest.Provision(t, &Store{DSN: shared.DSN(), Table: table, CreateTable: &off})
+	_, err := s.Acquire(context.Background(), storetest.NewKey(), claim(time.Minute))
+	if !errors.Is(err, store.ErrUnavailable) || !strings.Contains(err.Error(), "does not exist") ||
+		!strings.Contains(err.Error(), "create_table") {
+		t.Fatalf("Acquire on a missing table = %v, want ErrUnavailable naming the table and create_table", err)
+	}
+	// What a migration would run.
+	sqlExec(t, shared.DSN(), DDL("", table))
+	if rec, err := s.Acquire(context.Background(), storetest.NewKey(), claim(time.Minute)); rec != nil || err != nil {
+		t.Fatalf("Acquire once the table exists = %+v, %v", rec, err)
+	}
+}
+
+// Many instances starting at once all create the same table; none fails.
+func TestCreateTableConcurrently(t *testing.T) {
+	sqlExec(t, shared.DSN(), `CREATE SCHEMA IF NOT EXISTS "App"`)
+	table := newTable()
+	var wg sync.WaitGroup
+	for i := range 8 {
+		// A distinct max_conns gives each its own pool, as separate
+		// processes would have.
+		s := storetest.Provision(t, &Store{DSN: shared.DSN(), Schema: "App", Table: table, MaxConns: i + 1})
+		wg.Go(func() {
+			if _, err := s.Acquire(context.Background(), storetest.NewKey(), claim(time.Minute)); err != nil {
+				t.Errorf("Acquire: %v", err)
+			}
+		})
+	}
+	wg.Wait()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, shared.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var n int
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM "App".`+qualify("", table)).Scan(&n); err != nil || n != 8 {
+		t.Fatalf("%d rows in the schema's table (%v), want 8", n, err)
 	}
 }

@@ -1,0 +1,35 @@
+package file
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+)
+
+func TestUnmarshalCaddyfile(t *testing.T) {
+	for _, tc := range []struct {
+		in, want, wantErr string
+	}{
+		{in: `file`, want: ""},
+		{in: "file {\n path /var/lib/caddy/idem\n}", want: "/var/lib/caddy/idem"},
+		{in: "file {\n path {env.STATE_DIRECTORY}\n}", want: "{env.STATE_DIRECTORY}"},
+		{in: `file /tmp`, wantErr: "unexpected argument '/tmp'"},
+		{in: "file {\n path\n}", wantErr: "path: expected a value"},
+		{in: "file {\n path a b\n}", wantErr: "path: unexpected extra argument 'b'"},
+		{in: "file {\n path a\n path b\n}", wantErr: "path already specified"},
+		{in: "file {\n color blue\n}", wantErr: "unrecognized subdirective 'color'"},
+	} {
+		var got Store
+		err := got.UnmarshalCaddyfile(caddyfile.NewTestDispenser(tc.in))
+		if tc.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("%q: error %v, want one containing %q", tc.in, err, tc.wantErr)
+			}
+			continue
+		}
+		if err != nil || got.Path != tc.want {
+			t.Errorf("%q: got path %q, %v; want %q", tc.in, got.Path, err, tc.want)
+		}
+	}
+}

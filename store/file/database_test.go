@@ -1,0 +1,116 @@
+package file
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
+
+	"github.com/caddy-idempotency/caddy-idempotency/store"
+	"github.com/caddy-idempotency/caddy-idempotency/store/storetest"
+)
+
+func TestLockedByAnotherProcess(t *testing.T) {
+	dir := t.TempDir()
+	// bbolt's flock is per open file, so a handle of our own stands in for
+	// another process.
+	other, err := bolt.Open(filepath.Join(dir, "idempotency.db"), 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	s := &Store{Path: dir}
+	err = tryProvision(s)
+	if err == nil || !strings.Contains(err.Error(), "another process holds its lock") {
+		t.Fatalf("Provision of a locked file = %v, want a lock error", err)
+	}
+	if s.Cleanup() != nil {
+		t.Fatal("Cleanup after a failed Provision")
+	}
+}
+
+func TestSweepDeletesExpiredInBatches(t *testing.T) {
+	s := storetest.Provision(t, &Store{Path: t.TempDir()})
+	ctx := context.Background()
+	put := func(n int, ttl time.Duration) {
+		for range n {
+			k, c := storetest.NewKey(), claim(time.Minute)
+			if _, err := s.Acquire(ctx, k, c); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Complete(ctx, k, c, &store.Record{Status: 200}, ttl); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	put(35, time.Millisecond)
+	put(5, time.Hour)
+	time.Sleep(5 * time.Millisecond)
+
+	batches := 0
+	n, err := s.db.sweep(ctx, 10, func() { batches++ })
+	if err != nil || n != 35 {
+		t.Fatalf("sweep = %d, %v; want 35", n, err)
+	}
+	if batches < 4 {
+		t.Errorf("35 records deleted in %d transactions of at most 10", batches)
+	}
+	var left int
+	s.db.View(func(tx *bolt.Tx) error {
+		left = tx.Bucket(records).Stats().KeyN
+		return nil
+	})
+	if left != 5 {
+		t.Fatalf("%d records left, want the 5 live ones", left)
+	}
+}
+
+func TestSweepStopsWithContext(t *testing.T) {
+	s := storetest.Provision(t, &Store{Path: t.TempDir()})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := s.db.sweep(ctx, 10, nil); !errors.Is(err, context.Canceled) {
+		t.Fatalf("sweep with a done context = %v", err)
+	}
+}
+
+// The background sweeper runs on its own and stops with the last user,
+// which closes the file.
+func TestSweeperRunsAndStops(t *testing.T) {
+	defer func(d time.Duration) { sweepInterval = d }(sweepInterval)
+	sweepInterval = 20 * time.Millisecond
+	s := storetest.Provision(t, &Store{Path: t.TempDir()})
+	ctx := context.Background()
+	k, c := storetest.NewKey(), claim(time.Millisecond)
+	if _, err := s.Acquire(ctx, k, c); err != nil {
+		t.Fatal(err)
+	}
+	keys := func() (n int) {
+		s.db.View(func(tx *bolt.Tx) error {
+			n = tx.Bucket(records).Stats().KeyN
+			return nil
+		})
+		return n
+	}
+	for deadline := time.Now().Add(10 * time.Second); keys() != 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("the sweeper did not delete the expired claim within 10s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	db := s.db
+	s.Cleanup()
+	select {
+	case <-db.done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the sweeper still runs after Cleanup")
+	}
+	if err := db.View(func(*bolt.Tx) error { return nil }); !errors.Is(err, berrors.ErrDatabaseNotOpen) {
+		t.Fatalf("the file is still open after the last Cleanup: %v", err)
+	}
+}

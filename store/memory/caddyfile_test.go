@@ -1,0 +1,36 @@
+package memory
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+)
+
+func TestUnmarshalCaddyfile(t *testing.T) {
+	for _, tc := range []struct {
+		in      string
+		want    Memory
+		wantErr string
+	}{
+		{in: `memory`, want: Memory{}},
+		{in: "memory {\n max_entries 10\n max_bytes 1MiB\n}", want: Memory{MaxEntries: 10, MaxBytes: 1 << 20}},
+		{in: `memory extra`, wantErr: "unexpected argument 'extra'"},
+		{in: "memory {\n max_entries -1\n}", wantErr: "max_entries: '-1' is not a positive integer"},
+		{in: "memory {\n max_bytes lots\n}", wantErr: "max_bytes: invalid size 'lots'"},
+		{in: "memory {\n max_entries 1\n max_entries 2\n}", wantErr: "max_entries already specified"},
+		{in: "memory {\n color blue\n}", wantErr: "unrecognized subdirective 'color'"},
+	} {
+		var got Memory
+		err := got.UnmarshalCaddyfile(caddyfile.NewTestDispenser(tc.in))
+		if tc.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("%q: error %v, want one containing %q", tc.in, err, tc.wantErr)
+			}
+			continue
+		}
+		if err != nil || got.MaxEntries != tc.want.MaxEntries || got.MaxBytes != tc.want.MaxBytes {
+			t.Errorf("%q: got %+v, %v; want %+v", tc.in, got, err, tc.want)
+		}
+	}
+}

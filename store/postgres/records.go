@@ -1,0 +1,116 @@
+package postgres
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/caddy-idempotency/caddy-idempotency/store"
+)
+
+// callTimeout bounds one store call, waiting for a pooled connection
+// included: the handler's calls after a response carry no deadline of
+// their own, and a stalled server must not hold a request (or the claim it
+// renews) for ever.
+const callTimeout = 5 * time.Second
+
+// acquireAttempts bounds the reruns of the Acquire statement. A rerun
+// happens only when the key changed between the statement's snapshot and
+// its insert, which a second run sees; more is contention beyond reason.
+const acquireAttempts = 5
+
+// Acquire claims key for c, or returns its live record, in one statement.
+func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (*store.Record, error) {
+	ctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	if err := s.db.ensure(ctx); err != nil {
+		return nil, err
+	}
+	c.TookOver = false
+	for range acquireAttempts {
+		var (
+			won, tookOver bool
+			r             row
+		)
+		err := s.db.pool.QueryRow(ctx, s.db.q.acquire, key[:], c.Token[:], c.Endpoint, c.Fingerprint[:], micros(c.Lease)).
+			Scan(&won, &tookOver, &r.state, &r.token, &r.endpoint, &r.fingerprint, &r.status, &r.headers, &r.body, &r.truncated, &r.created)
+		if errors.Is(err, pgx.ErrNoRows) {
+			continue
+		}
+		if err != nil {
+			return nil, s.unavailable("acquiring", err)
+		}
+		if won {
+			c.TookOver, c.CreatedAt = tookOver, r.created
+			return nil, nil
+		}
+		return s.record(&r)
+	}
+	return nil, s.unavailable("acquiring", errors.New("the key changed under every attempt"))
+}
+
+// Complete replaces the claim c with rec, kept for ttl. The row's endpoint,
+// fingerprint and creation time, which are c's, stay.
+func (s *Store) Complete(ctx context.Context, key store.Key, c *store.Claim, rec *store.Record, ttl time.Duration) error {
+	var headers []byte
+	if len(rec.Header) > 0 {
+		var err error
+		if headers, err = json.Marshal(rec.Header); err != nil {
+			return fmt.Errorf("encoding headers: %w", err)
+		}
+	}
+	return s.exec(ctx, "completing", s.db.q.complete,
+		key[:], c.Token[:], rec.Status, headers, rec.Body, rec.Truncated, micros(ttl))
+}
+
+// Release deletes the claim held by token.
+func (s *Store) Release(ctx context.Context, key store.Key, token store.Token) error {
+	return s.exec(ctx, "releasing", s.db.q.release, key[:], token[:])
+}
+
+// Renew sets the lease of the claim held by token to lease from now.
+func (s *Store) Renew(ctx context.Context, key store.Key, token store.Token, lease time.Duration) error {
+	return s.exec(ctx, "renewing", s.db.q.renew, key[:], token[:], micros(lease))
+}
+
+// exec runs one of the owner-checked statements: no row means the token
+// does not hold the claim.
+func (s *Store) exec(ctx context.Context, op, sql string, args ...any) error {
+	ctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	if err := s.db.ensure(ctx); err != nil {
+		return err
+	}
+	tag, err := s.db.pool.Exec(ctx, sql, args...)
+	switch {
+	case err != nil:
+		return s.unavailable(op, err)
+	case tag.RowsAffected() == 0:
+		return store.ErrNotOwner
+	}
+	return nil
+}
+
+// unavailable wraps every database error in store.ErrUnavailable, with a
+// hint when the table is missing because create_table is off.
+func (s *Store) unavailable(op string, err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
+		return fmt.Errorf("%w: %s: table %s does not exist; create it (see DDL) or turn create_table on: %w",
+			store.ErrUnavailable, op, s.db.qualified, err)
+	}
+	return store.Unavailable(op, err)
+}
+
+// micros rounds d up to whole microseconds, PostgreSQL's resolution, at
+// least one: rounding down could end a lease early.
+func micros(d time.Duration) int64 {
+	return max(1, int64((d+time.Microsecond-1)/time.Microsecond))
+}
+
+var _ store.Store = (*Store)(nil)

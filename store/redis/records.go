@@ -1,0 +1,163 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/caddy-idempotency/caddy-idempotency/store"
+)
+
+// The scripts check "in progress and owned by this token" with one compare
+// of a GETRANGE, whatever the size of the record: ARGV[1] is the claim's
+// owner prefix (store.AppendOwner), and its length is how much of the
+// record they read.
+//
+// complete swaps an owned claim for the completed record ARGV[2], which
+// the handler encodes whole (the claim's binding included), so the script
+// only compares the owner prefix and SETs. When go-redis resends the script
+// because the first reply was late, the second run finds the record's own
+// prefix (state completed, same token) and must report success rather than
+// a lost claim.
+var completeScript = goredis.NewScript(`
+local head = redis.call('GETRANGE', KEYS[1], 0, #ARGV[1] - 1)
+if head == ARGV[1] then
+	redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+	return 1
+end
+if head == string.sub(ARGV[2], 1, #ARGV[1]) then return 1 end
+return 0
+`)
+
+var releaseScript = goredis.NewScript(`
+if redis.call('GETRANGE', KEYS[1], 0, #ARGV[1] - 1) ~= ARGV[1] then return 0 end
+return redis.call('DEL', KEYS[1])
+`)
+
+var renewScript = goredis.NewScript(`
+if redis.call('GETRANGE', KEYS[1], 0, #ARGV[1] - 1) ~= ARGV[1] then return 0 end
+return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+`)
+
+// bound gives ctx the store's call deadline on a Cluster, unless it already
+// has one as near (as lease renewals do). A single node or a Sentinel
+// master needs none: with MaxRetries 1, go-redis makes at most two
+// attempts, each bounded by the pool, dial, write and read timeouts; and a
+// deadline costs a timer and a context on every call.
+func (s *Store) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	if s.callTimeout == 0 {
+		return ctx, noCancel
+	}
+	if d, ok := ctx.Deadline(); ok && time.Until(d) <= s.callTimeout {
+		return ctx, noCancel
+	}
+	return context.WithTimeout(ctx, s.callTimeout)
+}
+
+func noCancel() {}
+
+// now is replaced by tests.
+var now = time.Now
+
+// Acquire claims key with SET NX GET: one command that either stores the
+// claim or returns the live record, which Redis expires by itself when the
+// lease or the TTL passes.
+func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (*store.Record, error) {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	// c.TookOver stays false: a claim's key carries its lease as a TTL, so
+	// Redis deletes a dead owner's claim by itself when the lease passes,
+	// and SET NX then finds no key at all. Whether one was ever there, and
+	// in progress, cannot be told.
+	c.TookOver, c.CreatedAt = false, now()
+	buf := getBuffer()
+	defer putBuffer(buf)
+	*buf = store.AppendClaim((*buf)[:0], c, c.CreatedAt)
+	cmd := goredis.NewStringCmd(ctx, "set", s.key(key), *buf, "nx", "px", millis(c.Lease), "get")
+	_ = s.client.Process(ctx, cmd)
+	old, err := cmd.Bytes()
+	if errors.Is(err, goredis.Nil) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, store.Unavailable("acquiring", err)
+	}
+	rec, err := store.DecodeRecord(old)
+	if err != nil {
+		return nil, store.Unavailable("decoding record", err)
+	}
+	// go-redis retries a command whose reply was lost; the record found may
+	// then be this very claim, stored by the first attempt.
+	if rec.State == store.InProgress && rec.Token == c.Token {
+		return nil, nil
+	}
+	return rec, nil
+}
+
+// Complete stores rec in place of the claim c, for ttl.
+func (s *Store) Complete(ctx context.Context, key store.Key, c *store.Claim, rec *store.Record, ttl time.Duration) error {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	buf := getBuffer()
+	defer putBuffer(buf)
+	*buf = store.AppendCompleted((*buf)[:0], c, rec)
+	return s.owned(completeScript.Run(ctx, s.client, []string{s.key(key)}, owner(c.Token), *buf, millis(ttl)), "completing")
+}
+
+// Release deletes the claim held by token.
+func (s *Store) Release(ctx context.Context, key store.Key, token store.Token) error {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	return s.owned(releaseScript.Run(ctx, s.client, []string{s.key(key)}, owner(token)), "releasing")
+}
+
+// Renew sets the lease of the claim held by token to lease from now.
+func (s *Store) Renew(ctx context.Context, key store.Key, token store.Token, lease time.Duration) error {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	return s.owned(renewScript.Run(ctx, s.client, []string{s.key(key)}, owner(token), millis(lease)), "renewing")
+}
+
+// owned turns a script's 0 or 1 into ErrNotOwner or success.
+func (s *Store) owned(cmd *goredis.Cmd, op string) error {
+	n, err := cmd.Int64()
+	switch {
+	case err != nil:
+		return store.Unavailable(op, err)
+	case n == 0:
+		return store.ErrNotOwner
+	}
+	return nil
+}
+
+// buffers hold encoded records while go-redis writes them: it is done with
+// its arguments when the call returns.
+var buffers = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
+
+// maxPooledBuffer keeps the odd large response from pinning memory in the
+// pool.
+const maxPooledBuffer = 64 << 10
+
+func getBuffer() *[]byte { return buffers.Get().(*[]byte) }
+
+func putBuffer(b *[]byte) {
+	if cap(*b) <= maxPooledBuffer {
+		buffers.Put(b)
+	}
+}
+
+// owner is the owner prefix of a claim held by token, for the scripts.
+func owner(token store.Token) []byte {
+	return store.AppendOwner(make([]byte, 0, store.OwnerLen), token)
+}
+
+// millis rounds d up to whole milliseconds, at least one: Redis refuses a
+// zero expiry, and rounding down could end a lease early.
+func millis(d time.Duration) int64 {
+	return max(1, int64((d+time.Millisecond-1)/time.Millisecond))
+}
+
+var _ store.Store = (*Store)(nil)
