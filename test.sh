@@ -2,7 +2,8 @@
 # Runs the whole test suite: vet, formatting, and every test with the race
 # detector, including the end-to-end tests of the xcaddy-built binary.
 # Installs the servers the tests start themselves (redis-server, PostgreSQL)
-# when they are missing and this runs as root on Debian/Ubuntu.
+# and promtool, which checks the alerting rules, when they are missing and
+# this runs as root on Debian/Ubuntu.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -14,6 +15,7 @@ missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
 have_initdb || missing+=(postgresql)
+command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 if ((${#missing[@]})); then
 	if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
 		echo "test.sh: missing ${missing[*]}; install them and run again" >&2
@@ -22,6 +24,12 @@ if ((${#missing[@]})); then
 	echo "test.sh: installing ${missing[*]}" >&2
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+	# The prometheus package brings promtool with a Prometheus server, which
+	# it starts where systemd runs (not in a container). The tests need
+	# only promtool.
+	if [[ " ${missing[*]} " == *" prometheus "* ]] && [ -d /run/systemd/system ]; then
+		systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+	fi
 fi
 
 go vet ./...
