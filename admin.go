@@ -65,17 +65,18 @@ type storeInfo struct {
 
 // keyInfo is a record as the API shows it, the same for every store.
 type keyInfo struct {
-	Store     string     `json:"store,omitempty"`
-	Key       string     `json:"key"`
-	State     string     `json:"state"`
-	Endpoint  string     `json:"endpoint"`
-	Status    int        `json:"status,omitempty"`
-	CreatedAt time.Time  `json:"created_at"`
-	Age       string     `json:"age"`
-	ExpiresAt *time.Time `json:"expires_at,omitempty"`
-	ExpiresIn string     `json:"expires_in,omitempty"`
-	BodySize  int        `json:"body_size"`
-	Truncated bool       `json:"truncated"`
+	Store          string     `json:"store,omitempty"`
+	Key            string     `json:"key"`
+	State          string     `json:"state"`
+	Endpoint       string     `json:"endpoint"`
+	Status         int        `json:"status,omitempty"`
+	CreatedAt      time.Time  `json:"created_at"`
+	Age            string     `json:"age"`
+	ExpiresAt      *time.Time `json:"expires_at,omitempty"`
+	ExpiresIn      string     `json:"expires_in,omitempty"`
+	BodySize       int        `json:"body_size"`
+	Truncated      bool       `json:"truncated"`
+	OutcomeUnknown bool       `json:"outcome_unknown"`
 }
 
 // purged is the answer to a DELETE.
@@ -273,14 +274,15 @@ func (a *adminAPI) pick(name string) (string, store.Inspector, error) {
 // relative to now. Times are UTC, to the millisecond.
 func describe(key store.Key, s store.Summary, expires time.Time, now time.Time) keyInfo {
 	info := keyInfo{
-		Key:       key.String(),
-		State:     s.State.String(),
-		Endpoint:  s.Endpoint,
-		Status:    s.Status,
-		CreatedAt: s.CreatedAt.UTC().Truncate(time.Millisecond),
-		Age:       max(now.Sub(s.CreatedAt), 0).Round(time.Millisecond).String(),
-		BodySize:  s.BodySize,
-		Truncated: s.Truncated,
+		Key:            key.String(),
+		State:          s.State.String(),
+		Endpoint:       s.Endpoint,
+		Status:         s.Status,
+		CreatedAt:      s.CreatedAt.UTC().Truncate(time.Millisecond),
+		Age:            max(now.Sub(s.CreatedAt), 0).Round(time.Millisecond).String(),
+		BodySize:       s.BodySize,
+		Truncated:      s.Truncated,
+		OutcomeUnknown: s.OutcomeUnknown,
 	}
 	if !expires.IsZero() {
 		t := expires.UTC().Truncate(time.Millisecond)

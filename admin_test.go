@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -107,7 +108,7 @@ func parseDuration(t *testing.T, s string) time.Duration {
 // listing of claims in flight.
 func TestAdminOnEveryStore(t *testing.T) {
 	eachStore(t, func(t *testing.T, raw json.RawMessage) {
-		h, name := provisionNamed(t, raw)
+		h, name := provisionNamed(t, raw, nil)
 		srv := adminServer(t, &adminAPI{})
 		storeQ := "&store=" + url.QueryEscape(name)
 		b := &backend{}
@@ -185,6 +186,48 @@ func TestAdminOnEveryStore(t *testing.T) {
 		wantStatus(t, do(h, b, post("/orders", "order-1", `{"sku":"tea"}`)), http.StatusCreated)
 		if b.runs.Load() != runs+1 {
 			t.Fatal("the request with a purged key did not run again")
+		}
+	})
+}
+
+// A request whose outcome is unknown holds its key: the operator sees it,
+// checks the backend, and purges the key so that the client's retry runs.
+func TestAdminOutcomeUnknown(t *testing.T) {
+	eachStore(t, func(t *testing.T, raw json.RawMessage) {
+		h, name := provisionNamed(t, raw, func(h *Handler) { h.OnUnknownOutcome = unknownKeep })
+		srv := adminServer(t, &adminAPI{})
+		storeQ := "?store=" + url.QueryEscape(name)
+		var broken atomic.Bool
+		broken.Store(true)
+		o := startOrigin(t, func(w http.ResponseWriter, r *http.Request) {
+			if broken.Load() {
+				hangUp(w, r)
+				return
+			}
+			created(w, r)
+		})
+		next := reverseProxy(t, "", o.addr())
+		wantHandlerError(t, serve(h, next, post("/pay", "pay-1", "x"), nil), http.StatusBadGateway)
+		hash := store.NewKey("", "pay-1").String()
+
+		var info keyInfo
+		body := call(t, srv, "GET", "/idempotency/keys/"+hash+storeQ, 200, &info)
+		if info.State != "completed" || !info.OutcomeUnknown || info.Truncated || info.Status != 0 || info.BodySize != 0 ||
+			info.Endpoint != "POST api.example.com/pay" || !strings.Contains(body, `"outcome_unknown":true`) {
+			t.Fatalf("lookup of an unknown outcome = %s", body)
+		}
+		approx(t, "expires_in", parseDuration(t, info.ExpiresIn), 24*time.Hour, time.Minute)
+		wantProblem(t, serve(h, next, post("/pay", "pay-1", "x"), nil), http.StatusBadGateway, unknownTitle)
+
+		var p purged
+		call(t, srv, "DELETE", "/idempotency/keys/"+hash+storeQ, 200, &p)
+		if !p.Deleted {
+			t.Fatalf("purge = %+v", p)
+		}
+		broken.Store(false)
+		wantStatus(t, serve(h, next, post("/pay", "pay-1", "x"), nil), http.StatusCreated)
+		if n := o.runs.Load(); n != 2 {
+			t.Fatalf("upstream got %d requests, want 2: the first, and the retry after the purge", n)
 		}
 	})
 }
@@ -300,7 +343,7 @@ func TestAdminBadRequests(t *testing.T) {
 // A store that cannot be reached answers 503, as the handler does.
 func TestAdminStoreUnavailable(t *testing.T) {
 	redisSrv := testredis.Start(t)
-	_, name := provisionNamed(t, json.RawMessage(`{"module":"redis","addresses":["`+redisSrv.Addr()+`"],"dial_timeout":"200ms","read_timeout":"200ms"}`))
+	_, name := provisionNamed(t, json.RawMessage(`{"module":"redis","addresses":["`+redisSrv.Addr()+`"],"dial_timeout":"200ms","read_timeout":"200ms"}`), nil)
 	srv := adminServer(t, &adminAPI{})
 	redisSrv.Kill()
 	q := "store=" + url.QueryEscape(name)

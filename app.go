@@ -33,8 +33,8 @@ func init() {
 // instance, and so one connection pool.
 type App struct {
 	// Handler holds the defaults, with the directive's option names. A
-	// route's own value wins; flags (required, disable_metrics) can only be
-	// turned on by either.
+	// route's own value wins; flags (required, disable_metrics,
+	// store_server_errors) can only be turned on by either.
 	Handler
 
 	shared     store.Store
@@ -123,6 +123,7 @@ func (h *Handler) inherit(ctx caddy.Context) (shared store.Store, name string, e
 	pick(&h.Endpoint, d.Endpoint)
 	pick(&h.OnStoreError, d.OnStoreError)
 	pick(&h.ReplayHeader, d.ReplayHeader)
+	pick(&h.OnUnknownOutcome, d.OnUnknownOutcome)
 	if h.OnConflict == "" {
 		h.OnConflict, h.MaxWait = d.OnConflict, d.MaxWait
 	}
@@ -143,6 +144,7 @@ func (h *Handler) inherit(ctx caddy.Context) (shared store.Store, name string, e
 	}
 	h.Required = h.Required || d.Required
 	h.DisableMetrics = h.DisableMetrics || d.DisableMetrics
+	h.StoreServerErrors = h.StoreServerErrors || d.StoreServerErrors
 	if h.StoreRaw == nil && app.shared != nil {
 		return app.shared, app.sharedName, nil
 	}

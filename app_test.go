@@ -1,6 +1,7 @@
 package idempotency
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -9,6 +10,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddytest"
 )
 
@@ -19,6 +21,8 @@ func TestAdaptGlobalDefaults(t *testing.T) {
 		endpoint {method} {host}{path}
 		scope {header.X-Tenant}
 		on_store_error fail_open
+		on_unknown_outcome keep
+		store_server_errors
 		store memory {
 			max_entries 500
 		}
@@ -59,6 +63,8 @@ func TestAdaptGlobalDefaults(t *testing.T) {
 			"endpoint": "{http.request.method} {http.request.host}{http.request.uri.path}",
 			"ttl": 172800000000000,
 			"on_store_error": "fail_open",
+			"on_unknown_outcome": "keep",
+			"store_server_errors": true,
 			"store": {
 				"max_entries": 500,
 				"module": "memory"
@@ -146,5 +152,38 @@ http://localhost:9582 {
 	}
 	if n := runs.Load(); n != 4 {
 		t.Fatalf("upstream ran %d times, want 4", n)
+	}
+}
+
+// A route takes on_unknown_outcome from the global option unless it sets
+// its own; store_server_errors can be turned on by either.
+func TestRoutesInheritOutcomeOptions(t *testing.T) {
+	base, err := caddy.ProvisionContext(&caddy.Config{AppsRaw: caddy.ModuleMap{
+		"idempotency": json.RawMessage(`{"on_unknown_outcome":"keep","store_server_errors":true}`),
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		own        Handler
+		outcome    string
+		storeFiveX bool
+	}{
+		{Handler{}, unknownKeep, true},
+		{Handler{OnUnknownOutcome: unknownRelease}, unknownRelease, true},
+	} {
+		ctx, cancel := caddy.NewContext(base)
+		h := tc.own
+		if err := h.Provision(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := h.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		if h.OnUnknownOutcome != tc.outcome || h.StoreServerErrors != tc.storeFiveX {
+			t.Errorf("route %+v: on_unknown_outcome %q, store_server_errors %t; want %q, %t",
+				tc.own, h.OnUnknownOutcome, h.StoreServerErrors, tc.outcome, tc.storeFiveX)
+		}
+		cancel()
 	}
 }

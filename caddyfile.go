@@ -40,6 +40,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		max_response_body <size>
 //		on_store_error    fail_closed | fail_open
 //		on_conflict       reject | wait <max_duration>
+//		on_unknown_outcome release | keep
+//		store_server_errors
 //		replay_header     <name>
 //		disable_metrics
 //		store             <module> [{ ... }]
@@ -82,6 +84,11 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			h.OnStoreError, err = cfarg.OneOf(d, opt, failClosed, failOpen)
 		case "on_conflict":
 			err = h.unmarshalOnConflict(d)
+		case "on_unknown_outcome":
+			h.OnUnknownOutcome, err = cfarg.OneOf(d, opt, unknownRelease, unknownKeep)
+		case "store_server_errors":
+			err = cfarg.Flag(d, opt)
+			h.StoreServerErrors = true
 		case "store":
 			err = h.unmarshalStore(d)
 		default:

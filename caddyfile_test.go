@@ -29,6 +29,8 @@ func TestAdaptEveryOption(t *testing.T) {
 		max_response_body 512KiB
 		on_store_error    fail_open
 		on_conflict       wait 5s
+		on_unknown_outcome keep
+		store_server_errors
 		replay_header     X-Replayed
 		disable_metrics
 		store redis {
@@ -76,6 +78,7 @@ func TestAdaptEveryOption(t *testing.T) {
 									],
 									"on_conflict": "wait",
 									"on_store_error": "fail_open",
+									"on_unknown_outcome": "keep",
 									"replay_header": "X-Replayed",
 									"required": true,
 									"scope": "{http.request.header.X-Tenant}",
@@ -92,6 +95,7 @@ func TestAdaptEveryOption(t *testing.T) {
 										"tls": true,
 										"username": "app"
 									},
+									"store_server_errors": true,
 									"ttl": 172800000000000
 								}
 							]
@@ -207,6 +211,9 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		{"idempotency {\n on_conflict wait never\n}", "on_conflict wait: invalid duration 'never'"},
 		{"idempotency {\n on_conflict reject 5s\n}", "on_conflict reject: unexpected argument '5s'"},
 		{"idempotency {\n disable_metrics now\n}", "disable_metrics: unexpected argument 'now'"},
+		{"idempotency {\n on_unknown_outcome forget\n}", "on_unknown_outcome: want release or keep, got 'forget'"},
+		{"idempotency {\n on_unknown_outcome\n}", "on_unknown_outcome: expected a value"},
+		{"idempotency {\n store_server_errors on\n}", "store_server_errors: unexpected argument 'on'"},
 		{"idempotency {\n required yes\n}", "required: unexpected argument 'yes'"},
 		{"idempotency {\n methods\n}", "methods: expected at least one value"},
 		{"idempotency {\n endpoint\n}", "endpoint: expected at least one value"},
@@ -242,6 +249,7 @@ func TestValidateRefusesBadJSONConfig(t *testing.T) {
 		{Handler{OnStoreError: "retry"}, "on_store_error"},
 		{Handler{OnConflict: "queue"}, "on_conflict"},
 		{Handler{OnConflict: "wait"}, "max_wait"},
+		{Handler{OnUnknownOutcome: "forget"}, "on_unknown_outcome"},
 	} {
 		h := tc.h
 		h.StoreRaw = storeConfigs[0].raw(t)

@@ -176,8 +176,12 @@ func (o *cliOptions) inspect(ctx context.Context, key func() (string, url.Values
 	row("key", info.Key)
 	row("state", info.State)
 	row("endpoint", info.Endpoint)
-	if info.State == "completed" {
+	answered := info.State == "completed" && !info.OutcomeUnknown
+	if answered {
 		row("status", strconv.Itoa(info.Status))
+	}
+	if info.OutcomeUnknown {
+		row("outcome", "unknown: the request was sent upstream and got no answer; retries get 502")
 	}
 	row("created", fmt.Sprintf("%s (%s ago)", info.CreatedAt.Format(time.RFC3339), shortDuration(info.Age)))
 	if info.ExpiresAt != nil {
@@ -189,7 +193,7 @@ func (o *cliOptions) inspect(ctx context.Context, key func() (string, url.Values
 	} else {
 		row("expires", "never")
 	}
-	if info.State == "completed" {
+	if answered {
 		row("body", fmt.Sprintf("%d bytes", info.BodySize))
 		row("replayable", yesNo(!info.Truncated))
 	}

@@ -233,6 +233,19 @@ func TestCommandOutput(t *testing.T) {
 	out = mustCLI(t, "inspect", admin, "--scope", "tenant-7", "--key", "big")
 	wantContains(t, out, "replayable  no (its response was over max_response_body")
 
+	// An unknown outcome has no status, body or replay to show.
+	k = store.NewKey("tenant-7", "lost")
+	c = &store.Claim{Token: store.Token{2}, Lease: time.Minute, Endpoint: "POST h/lost"}
+	mem.Acquire(ctx, k, c)
+	mem.Complete(ctx, k, c, &store.Record{OutcomeUnknown: true}, time.Hour)
+	out = mustCLI(t, "inspect", admin, "--scope", "tenant-7", "--key", "lost")
+	wantContains(t, out, "state     completed", "outcome   unknown: the request was sent upstream and got no answer; retries get 502", "expires   ")
+	for _, row := range []string{"status", "body", "replayable"} {
+		if strings.Contains(out, "\n"+row+" ") {
+			t.Fatalf("inspect of an unknown outcome shows %s:\n%s", row, out)
+		}
+	}
+
 	empty := cliServer(t)
 	out = mustCLI(t, "stores", empty)
 	wantContains(t, out, "no idempotency store is provisioned")

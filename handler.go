@@ -15,7 +15,8 @@ import (
 )
 
 // statusClientClosed is the status Caddy's reverse_proxy writes when the
-// request's context ends before the upstream answers.
+// request's context ends before the upstream answers: here, when the work
+// was cancelled one lease after its client left.
 const statusClientClosed = 499
 
 var trueValue = []string{"true"}
@@ -72,7 +73,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	h.setResult(repl, resultNew)
 	h.claimed(key, claim)
-	return h.execute(w, r, next, key, claim)
+	return h.execute(w, r, repl, next, key, claim)
 }
 
 // setResult publishes the request's outcome to the access log placeholder
@@ -115,6 +116,8 @@ func (h *Handler) answerFromRecord(w http.ResponseWriter, r *http.Request, repl 
 		return h.refuse(w, r, repl, resultMismatch, h.problems.otherPayload)
 	case rec.State == store.InProgress:
 		return h.refuse(w, r, repl, resultConflict, h.problems.outstanding)
+	case rec.OutcomeUnknown:
+		return h.refuse(w, r, repl, resultUnknown, h.problems.outcomeUnknown)
 	case rec.Truncated:
 		return h.refuse(w, r, repl, resultReplay, h.problems.unreplayable)
 	}
@@ -153,49 +156,50 @@ func (h *Handler) acquireFailed(w http.ResponseWriter, r *http.Request, repl *ca
 
 // execute runs the request as the owner of the key's claim and stores what
 // it answered.
-func (h *Handler) execute(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, key store.Key, c *store.Claim) (err error) {
+func (h *Handler) execute(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, next caddyhttp.Handler, key store.Key, c *store.Claim) (err error) {
 	rw := newRecorder(w, h.MaxResponseBody)
 	defer rw.free()
 	h.metrics.claimHeld(1)
 	defer h.metrics.claimHeld(-1)
+	if h.markEarlierUpstream(repl) {
+		defer unmarkEarlierUpstream(repl)
+	}
 	run, ctx := h.leases.start(r.Context(), key, c.Token)
 	defer func() {
 		if p := recover(); p != nil {
 			h.leases.stop(run)
-			h.finish(key, c, rw, nil, true)
+			h.finish(key, c, rw, repl, nil, true)
 			panic(p)
 		}
 	}()
 	err = next.ServeHTTP(rw, r.WithContext(ctx))
 	h.leases.stop(run) // before finishing, so a last renewal cannot race the release
-	h.finish(key, c, rw, err, false)
+	h.finish(key, c, rw, repl, err, false)
 	return err
 }
 
-// finish stores the response of a claimed request, or releases the claim
-// when a retry should run the request anew.
-func (h *Handler) finish(key store.Key, c *store.Claim, rw *recorder, handlerErr error, aborted bool) {
+// finish stores the response of a claimed request, or what became of it
+// when it got none (outcome.go), or releases the claim when a retry should
+// run the request anew.
+func (h *Handler) finish(key store.Key, c *store.Claim, rw *recorder, repl *caddy.Replacer, handlerErr error, aborted bool) {
 	defer finished.done(key)
 	// The client's context is not used: its response is being stored for
 	// its retry whether or not it stayed. Each store bounds its own calls.
 	ctx := context.Background()
 
 	status := rw.status
-	if !rw.wroteHeader {
-		if handlerErr != nil || aborted {
-			// Nothing was answered: Caddy's error handling will, and the
-			// retry runs again.
-			h.release(ctx, key, c.Token, "handler failed before responding")
-			return
-		}
+	switch {
+	case !rw.wroteHeader && handlerErr == nil && !aborted:
 		status = http.StatusOK // the server answers an empty 200
-	}
-	if status >= 500 || status == statusClientClosed {
-		// 5xx answers are not stored: the error may be transient. 499 is
-		// what reverse_proxy writes when its request was cancelled before
-		// the upstream answered (here: a hung upstream, one lease after
-		// its client left): nothing was answered, so a retry runs again.
-		h.release(ctx, key, c.Token, "no usable response")
+	case !rw.wroteHeader:
+		h.unanswered(ctx, key, c, repl, handlerErr)
+		return
+	case status == statusClientClosed:
+		h.outcomeUnknown(ctx, key, c, "the work was cancelled before the upstream answered")
+		return
+	case status >= 500 && !h.StoreServerErrors:
+		// the error may be transient: the retry runs again
+		h.release(ctx, key, c.Token, "server error")
 		return
 	}
 	rec := &store.Record{Status: status, Header: rw.header, Body: rw.body()}
@@ -204,6 +208,12 @@ func (h *Handler) finish(key store.Key, c *store.Claim, rw *recorder, handlerErr
 		// but there is no whole response to replay.
 		rec.Header, rec.Body, rec.Truncated = nil, nil, true
 	}
+	h.complete(ctx, key, c, rec)
+}
+
+// complete stores rec as the outcome of c's request, and keeps trying in
+// the background if the store is away.
+func (h *Handler) complete(ctx context.Context, key store.Key, c *store.Claim, rec *store.Record) {
 	err := h.store.Complete(ctx, key, c, rec, time.Duration(h.TTL))
 	switch {
 	case errors.Is(err, store.ErrNotOwner):

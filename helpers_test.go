@@ -107,12 +107,13 @@ func provision(t *testing.T, raw json.RawMessage, tweak func(*Handler)) *Handler
 	return h
 }
 
-// provisionNamed provisions a handler on the store raw configures, and
-// returns it with the name under which that store registered.
-func provisionNamed(t *testing.T, raw json.RawMessage) (*Handler, string) {
+// provisionNamed provisions a handler on the store raw configures, as
+// provision does, and returns it with the name under which that store
+// registered.
+func provisionNamed(t *testing.T, raw json.RawMessage, tweak func(*Handler)) (*Handler, string) {
 	t.Helper()
 	before := registeredNames()
-	h := provision(t, raw, nil)
+	h := provision(t, raw, tweak)
 	var added []string
 	for _, n := range registeredNames() {
 		if !slices.Contains(before, n) {

@@ -39,6 +39,8 @@ const (
 	failOpen            = "fail_open"
 	conflictReject      = "reject"
 	conflictWait        = "wait"
+	unknownRelease      = "release"
+	unknownKeep         = "keep"
 )
 
 var defaultMethods = []string{http.MethodPost, http.MethodPatch}
@@ -108,6 +110,21 @@ type Handler struct {
 	// MaxWait bounds how long a duplicate waits with on_conflict wait; it
 	// must then be positive.
 	MaxWait caddy.Duration `json:"max_wait,omitempty"`
+
+	// OnUnknownOutcome is what happens to the key of a request that was
+	// sent to the upstream but never answered: the connection broke, a
+	// timeout such as reverse_proxy's response_header_timeout, or work
+	// cancelled one lock_timeout after its client left. The upstream may
+	// have carried it out. "release" lets a retry run it again; "keep"
+	// holds the key until ttl, and retries get a 502 problem that says the
+	// outcome is unknown. A request that never reached an upstream is
+	// released either way. Default: release.
+	OnUnknownOutcome string `json:"on_unknown_outcome,omitempty"`
+
+	// StoreServerErrors stores 5xx answers and replays them like any
+	// other, so a retry does not run again. Without it, a 5xx answer
+	// releases the key and a retry runs the request again.
+	StoreServerErrors bool `json:"store_server_errors,omitempty"`
 
 	// ReplayHeader is the response header set to "true" on replays.
 	// Default: Idempotent-Replayed.
@@ -244,6 +261,9 @@ func (h *Handler) setDefaults() {
 	if h.OnConflict == conflictReject {
 		h.MaxWait = 0
 	}
+	if h.OnUnknownOutcome == "" {
+		h.OnUnknownOutcome = unknownRelease
+	}
 	if h.ReplayHeader == "" {
 		h.ReplayHeader = defaultReplayHeader
 	}
@@ -283,6 +303,9 @@ func (h *Handler) Validate() error {
 	}
 	if h.OnConflict == conflictWait && h.MaxWait <= 0 {
 		return fmt.Errorf("on_conflict wait needs a positive max_wait, got %v", time.Duration(h.MaxWait))
+	}
+	if h.OnUnknownOutcome != unknownRelease && h.OnUnknownOutcome != unknownKeep {
+		return fmt.Errorf("on_unknown_outcome: want release or keep, got %q", h.OnUnknownOutcome)
 	}
 	return nil
 }

@@ -87,6 +87,7 @@ type problems struct {
 	outstanding                    *problem
 	otherEndpoint, otherPayload    *problem
 	unreplayable, storeUnavailable *problem
+	outcomeUnknown                 *problem
 }
 
 func newProblems(header string, maxRequestBody int64) problems {
@@ -109,5 +110,7 @@ func newProblems(header string, maxRequestBody int64) problems {
 			"The request with this key was processed, but its response was too large or incomplete to be stored. Do not retry it; look the result up instead.", 0),
 		storeUnavailable: newProblem(503, "store-unavailable", "Idempotency store unavailable",
 			"The request was not processed because its idempotency could not be guaranteed. Retry later with the same key.", 2),
+		outcomeUnknown: newProblem(502, "outcome-unknown", "The outcome of the request for this Idempotency-Key is unknown",
+			"The request with this key was sent to the server, which did not answer: it may have been carried out. Do not retry it; check whether it took effect before sending it again with a new key.", 0),
 	}
 }

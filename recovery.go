@@ -47,7 +47,8 @@ func (h *Handler) withdraw(key store.Key, tok store.Token) {
 // it was unavailable: until the lease passes, the claim is still this
 // request's, and storing it spares the retry a second execution.
 func (h *Handler) completeLater(key store.Key, c *store.Claim, rec *store.Record) {
-	kept := &store.Record{Status: rec.Status, Header: rec.Header.Clone(), Body: bytes.Clone(rec.Body), Truncated: rec.Truncated}
+	kept := &store.Record{Status: rec.Status, Header: rec.Header.Clone(), Body: bytes.Clone(rec.Body),
+		Truncated: rec.Truncated, OutcomeUnknown: rec.OutcomeUnknown}
 	h.retryLater(func(ctx context.Context) error { return h.store.Complete(ctx, key, c, kept, time.Duration(h.TTL)) },
 		func(err error) bool {
 			switch {

@@ -13,7 +13,8 @@ const (
 	resultBypass                 // no key on a route that does not require one
 	resultInvalid                // refused: missing, malformed or repeated key
 	resultTooLarge
-	resultError // the store failed (503, or passed through with fail_open)
+	resultError   // the store failed (503, or passed through with fail_open)
+	resultUnknown // refused: the first request's outcome is unknown (on_unknown_outcome keep)
 	numResults
 )
 
@@ -31,4 +32,5 @@ var results = [numResults]struct {
 	resultInvalid:  {"invalid", "invalid"},
 	resultTooLarge: {"too_large", "too_large"},
 	resultError:    {"error", "store_error"},
+	resultUnknown:  {"unknown", "unknown"},
 }

@@ -99,7 +99,7 @@ func (h *Handler) wait(w http.ResponseWriter, r *http.Request, repl *caddy.Repla
 		case rec == nil:
 			h.setResult(repl, resultNew)
 			h.claimed(key, c)
-			return h.execute(w, r, next, key, c)
+			return h.execute(w, r, repl, next, key, c)
 		case rec.State != store.InProgress || !h.sameEndpoint(rec.Endpoint, c.Endpoint) || rec.Fingerprint != c.Fingerprint:
 			return h.answerFromRecord(w, r, repl, rec, c)
 		}

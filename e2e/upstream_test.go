@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -27,6 +28,7 @@ const (
 	hdrStream    = "X-Upstream-Stream"    // "1": two flushed chunks, streamGap apart
 	hdrCookie    = "X-Upstream-Cookie"    // "1": set a session cookie
 	hdrGate      = "X-Upstream-Gate"      // "1": wait until the test opens the gate
+	hdrHangUp    = "X-Upstream-Hangup"    // "1": close the connection without an answer
 	hdrRun       = "X-Upstream-Run"       // response: the run number
 	streamGap    = 500 * time.Millisecond // between the chunks of a streamed answer
 	firstChunk   = "first chunk\n"
@@ -60,12 +62,24 @@ type keyStats struct {
 
 func startUpstream(t testing.TB) *upstream {
 	t.Helper()
+	return startUpstreamOn(t, nil)
+}
+
+// startUpstreamOn starts the upstream on l, or on a port of its own if l is
+// nil.
+func startUpstreamOn(t testing.TB, l net.Listener) *upstream {
+	t.Helper()
 	u := &upstream{
 		gate:    make(chan struct{}),
 		closing: make(chan struct{}),
 		keys:    make(map[string]*keyStats),
 	}
-	u.srv = httptest.NewServer(http.HandlerFunc(u.serve))
+	u.srv = httptest.NewUnstartedServer(http.HandlerFunc(u.serve))
+	if l != nil {
+		u.srv.Listener.Close()
+		u.srv.Listener = l
+	}
+	u.srv.Start()
 	u.URL = u.srv.URL
 	t.Cleanup(func() {
 		close(u.closing) // frees handlers still waiting
@@ -158,6 +172,16 @@ func (u *upstream) serve(w http.ResponseWriter, r *http.Request) {
 		close(s.started)
 	}
 	u.mu.Unlock()
+
+	if pick(r.Header.Get(hdrHangUp), run) == "1" {
+		// The request arrived whole; the answer never leaves.
+		conn, _, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			panic(err)
+		}
+		conn.Close()
+		return
+	}
 
 	if !u.wait(r, run) {
 		u.mu.Lock()

@@ -21,7 +21,7 @@ import (
 //	18:50  fingerprint
 //	50:58  created at, Unix nanoseconds, big endian
 //	58:60  status, big endian
-//	60     flags (bit 0: truncated)
+//	60     flags (bit 0: truncated, bit 1: outcome unknown)
 //	61:    uvarint-prefixed endpoint, uvarint header count, then per header
 //	       a prefixed name, a value count and prefixed values; the body is
 //	       the rest.
@@ -37,7 +37,8 @@ const (
 	flagsOff       = statusOff + 2
 	fixedLen       = flagsOff + 1
 
-	flagTruncated = 1
+	flagTruncated      = 1
+	flagOutcomeUnknown = 2
 )
 
 // OwnerLen is the length of the owner prefix that starts every record: its
@@ -98,6 +99,9 @@ func AppendRecord(dst []byte, rec *Record) []byte {
 	if rec.Truncated {
 		flags |= flagTruncated
 	}
+	if rec.OutcomeUnknown {
+		flags |= flagOutcomeUnknown
+	}
 	dst = append(dst, flags)
 	dst = appendString(dst, rec.Endpoint)
 	dst = binary.AppendUvarint(dst, uint64(len(rec.Header)))
@@ -126,18 +130,20 @@ func AppendClaim(dst []byte, c *Claim, now time.Time) []byte {
 
 // AppendCompleted appends the encoding of the completed record that
 // replaces the claim c: c's binding (token, endpoint, fingerprint, creation
-// time) with the response in rec (Status, Header, Body, Truncated).
+// time) with the response in rec (Status, Header, Body, Truncated,
+// OutcomeUnknown).
 func AppendCompleted(dst []byte, c *Claim, rec *Record) []byte {
 	return AppendRecord(grow(dst, encodedLen(c.Endpoint, rec)), &Record{
-		State:       Completed,
-		Token:       c.Token,
-		Endpoint:    c.Endpoint,
-		Fingerprint: c.Fingerprint,
-		CreatedAt:   c.CreatedAt,
-		Status:      rec.Status,
-		Header:      rec.Header,
-		Body:        rec.Body,
-		Truncated:   rec.Truncated,
+		State:          Completed,
+		Token:          c.Token,
+		Endpoint:       c.Endpoint,
+		Fingerprint:    c.Fingerprint,
+		CreatedAt:      c.CreatedAt,
+		Status:         rec.Status,
+		Header:         rec.Header,
+		Body:           rec.Body,
+		Truncated:      rec.Truncated,
+		OutcomeUnknown: rec.OutcomeUnknown,
 	})
 }
 
@@ -191,6 +197,7 @@ func DecodeRecord(b []byte) (*Record, error) {
 	rec.CreatedAt = Encoded(b).CreatedAt()
 	rec.Status = int(binary.BigEndian.Uint16(b[statusOff:flagsOff]))
 	rec.Truncated = b[flagsOff]&flagTruncated != 0
+	rec.OutcomeUnknown = b[flagsOff]&flagOutcomeUnknown != 0
 
 	// Validate, and size the shared string and value slice.
 	d := decoder{b: b[fixedLen:]}

@@ -26,6 +26,8 @@ func TestRecordRoundTrip(t *testing.T) {
 		sampleRecord(),
 		{State: InProgress, Endpoint: "PATCH h/p", CreatedAt: time.Unix(0, 1)},
 		{State: Completed, Status: 200, Truncated: true, CreatedAt: time.Unix(5, 0)},
+		{State: Completed, OutcomeUnknown: true, CreatedAt: time.Unix(6, 0)},
+		{State: Completed, Status: 200, Truncated: true, OutcomeUnknown: true, CreatedAt: time.Unix(7, 0)},
 	} {
 		got, err := DecodeRecord(AppendRecord(nil, rec))
 		if err != nil {
@@ -33,6 +35,24 @@ func TestRecordRoundTrip(t *testing.T) {
 		}
 		if !reflect.DeepEqual(got, rec) {
 			t.Fatalf("round trip:\n got %+v\nwant %+v", got, rec)
+		}
+	}
+}
+
+// The flags byte is part of the stored format: records written by one
+// version are read by the next, so each flag keeps its bit.
+func TestFlagBits(t *testing.T) {
+	for _, tc := range []struct {
+		rec   Record
+		flags byte
+	}{
+		{Record{State: Completed, Status: 200}, 0},
+		{Record{State: Completed, Status: 200, Truncated: true}, 1},
+		{Record{State: Completed, OutcomeUnknown: true}, 2},
+		{Record{State: Completed, Truncated: true, OutcomeUnknown: true}, 3},
+	} {
+		if got := AppendRecord(nil, &tc.rec)[flagsOff]; got != tc.flags {
+			t.Errorf("%+v: flags %08b, want %08b", tc.rec, got, tc.flags)
 		}
 	}
 }
@@ -103,6 +123,7 @@ func FuzzDecodeRecord(f *testing.F) {
 			t.Fatalf("re-encoding of a decoded record does not decode: %v", err)
 		}
 		if again.State != rec.State || again.Endpoint != rec.Endpoint || again.Status != rec.Status ||
+			again.Truncated != rec.Truncated || again.OutcomeUnknown != rec.OutcomeUnknown ||
 			!bytes.Equal(again.Body, rec.Body) || len(again.Header) != len(rec.Header) {
 			t.Fatalf("re-encoding changed the record:\n%+v\n%+v", rec, again)
 		}
@@ -114,7 +135,7 @@ func FuzzDecodeRecord(f *testing.F) {
 func TestAppendClaimAndCompletedAreExact(t *testing.T) {
 	long := string(make([]byte, 300)) // a two-byte length prefix
 	c := &Claim{Token: Token{1}, Endpoint: long, Fingerprint: Fingerprint{2}, CreatedAt: time.Unix(3, 0)}
-	resp := &Record{Status: 201, Body: []byte("{}"), Truncated: true, Header: http.Header{
+	resp := &Record{Status: 201, Body: []byte("{}"), Truncated: true, OutcomeUnknown: true, Header: http.Header{
 		"Content-Type": {"application/json"},
 		"Set-Cookie":   {"a=1", long, ""},
 		"X-Empty":      {},
@@ -127,13 +148,13 @@ func TestAppendClaimAndCompletedAreExact(t *testing.T) {
 	}
 	done := AppendCompleted([]byte("prefix"), c, resp)
 	want = AppendRecord([]byte("prefix"), &Record{State: Completed, Token: c.Token, Endpoint: c.Endpoint,
-		Fingerprint: c.Fingerprint, CreatedAt: c.CreatedAt, Status: 201, Header: resp.Header, Body: resp.Body, Truncated: true})
+		Fingerprint: c.Fingerprint, CreatedAt: c.CreatedAt, Status: 201, Header: resp.Header, Body: resp.Body, Truncated: true, OutcomeUnknown: true})
 	if cap(done) != len(done) || len(done) != len(want) {
 		t.Errorf("AppendCompleted: %d bytes (cap %d), want %d exactly", len(done), cap(done), len(want))
 	}
 	got, err := DecodeRecord(done[len("prefix"):])
 	if err != nil || got.State != Completed || got.Token != c.Token || got.Endpoint != long || got.Fingerprint != c.Fingerprint ||
-		!got.CreatedAt.Equal(c.CreatedAt) || got.Status != 201 || !got.Truncated || string(got.Body) != "{}" ||
+		!got.CreatedAt.Equal(c.CreatedAt) || got.Status != 201 || !got.Truncated || !got.OutcomeUnknown || string(got.Body) != "{}" ||
 		len(got.Header) != 3 || got.Header["Set-Cookie"][1] != long || len(got.Header["X-Empty"]) != 0 {
 		t.Fatalf("AppendCompleted decodes to %+v, %v", got, err)
 	}

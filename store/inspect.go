@@ -43,17 +43,20 @@ type Summary struct {
 	Status    int
 	BodySize  int
 	Truncated bool
+	// OutcomeUnknown is Record.OutcomeUnknown.
+	OutcomeUnknown bool
 }
 
 // Summarize returns the summary of rec.
 func Summarize(rec *Record) Summary {
 	return Summary{
-		State:     rec.State,
-		Endpoint:  rec.Endpoint,
-		CreatedAt: rec.CreatedAt,
-		Status:    rec.Status,
-		BodySize:  len(rec.Body),
-		Truncated: rec.Truncated,
+		State:          rec.State,
+		Endpoint:       rec.Endpoint,
+		CreatedAt:      rec.CreatedAt,
+		Status:         rec.Status,
+		BodySize:       len(rec.Body),
+		Truncated:      rec.Truncated,
+		OutcomeUnknown: rec.OutcomeUnknown,
 	}
 }
 

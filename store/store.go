@@ -97,6 +97,12 @@ type Record struct {
 	// Truncated marks a completed request whose response exceeded the
 	// handler's max_response_body: it ran, but cannot be replayed.
 	Truncated bool
+	// OutcomeUnknown marks a completed request that was sent to the
+	// upstream but never answered (the connection broke, a timeout, the
+	// work was cancelled): it may have been carried out, so it is not run
+	// again, and there is no response to replay. Status, Header and Body
+	// are empty.
+	OutcomeUnknown bool
 }
 
 // Claim describes the request that wants to own a key.
@@ -129,11 +135,11 @@ type Store interface {
 	Acquire(ctx context.Context, key Key, c *Claim) (*Record, error)
 
 	// Complete replaces the claim c, as Acquire recorded it, with the
-	// completed response in rec (Status, Header, Body, Truncated), kept for
-	// ttl. The record keeps the claim's binding: its Endpoint, Fingerprint
-	// and CreatedAt, which stores that hold records as one value take from
-	// c rather than read back. ErrNotOwner if c.Token no longer holds the
-	// claim.
+	// completed response in rec (Status, Header, Body, Truncated,
+	// OutcomeUnknown), kept for ttl. The record keeps the claim's binding:
+	// its Endpoint, Fingerprint and CreatedAt, which stores that hold
+	// records as one value take from c rather than read back. ErrNotOwner
+	// if c.Token no longer holds the claim.
 	Complete(ctx context.Context, key Key, c *Claim, rec *Record, ttl time.Duration) error
 
 	// Release deletes the claim held by token, so that a retry runs anew.

@@ -64,8 +64,9 @@ func (s *Store) Complete(ctx context.Context, key store.Key, c *store.Claim, rec
 			return fmt.Errorf("encoding headers: %w", err)
 		}
 	}
+	status, truncated := outcomeColumns(rec)
 	return s.exec(ctx, "completing", s.db.q.complete,
-		key[:], c.Token[:], rec.Status, headers, rec.Body, rec.Truncated, micros(ttl))
+		key[:], c.Token[:], status, headers, rec.Body, truncated, micros(ttl))
 }
 
 // Release deletes the claim held by token.

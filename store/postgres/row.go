@@ -20,6 +20,20 @@ type row struct {
 	created                           time.Time
 }
 
+// A record whose outcome is unknown is a completed row with truncated set
+// and status 0, which no answered request has (the handler stores the
+// status it sent, and net/http refuses statuses under 100). The table
+// needs no column of its own for it, so the tables of earlier versions,
+// created by the store or by hand, hold it as they are.
+//
+// outcomeColumns returns the status and truncated columns for rec.
+func outcomeColumns(rec *store.Record) (status int, truncated bool) {
+	if rec.OutcomeUnknown {
+		return 0, true
+	}
+	return rec.Status, rec.Truncated
+}
+
 // record decodes r.
 func (s *Store) record(r *row) (*store.Record, error) {
 	rec := &store.Record{
@@ -28,6 +42,9 @@ func (s *Store) record(r *row) (*store.Record, error) {
 		Status:    int(r.status),
 		Body:      r.body,
 		Truncated: r.truncated,
+	}
+	if r.state == "completed" && r.truncated && r.status == 0 {
+		rec.Truncated, rec.OutcomeUnknown = false, true
 	}
 	switch r.state {
 	case "in_progress":

@@ -18,6 +18,7 @@ func RunInspector(t *testing.T, open Opener) {
 	t.Run("LookupInProgress", func(t *testing.T) { testLookupInProgress(t, open(t)) })
 	t.Run("LookupCompleted", func(t *testing.T) { testLookupCompleted(t, open(t)) })
 	t.Run("LookupExpired", func(t *testing.T) { testLookupExpired(t, open(t)) })
+	t.Run("LookupOutcomeUnknown", func(t *testing.T) { testLookupOutcomeUnknown(t, open(t)) })
 	t.Run("Delete", func(t *testing.T) { testDelete(t, open(t)) })
 	t.Run("DeleteInProgress", func(t *testing.T) { testDeleteInProgress(t, open(t)) })
 	t.Run("InFlight", func(t *testing.T) { testInFlight(t, open(t)) })
@@ -108,6 +109,31 @@ func testLookupCompleted(t *testing.T, s store.Store) {
 	// The record still replays.
 	if again := mustAcquire(t, s, k, newClaim(time.Minute)); again == nil || again.State != store.Completed {
 		t.Fatalf("Acquire after Lookup = %+v, want the replay", again)
+	}
+}
+
+// An operator finds the key of a request whose outcome is unknown, checks
+// the backend, and purges the key so that the client may retry it.
+func testLookupOutcomeUnknown(t *testing.T, s store.Store) {
+	in := inspector(t, s)
+	k, c := NewKey(), newClaim(time.Minute)
+	mustAcquire(t, s, k, c)
+	if err := s.Complete(ctx(t), k, c, &store.Record{OutcomeUnknown: true}, time.Hour); err != nil {
+		t.Fatalf("Complete: %v", err)
+	}
+	rec, exp := mustLookup(t, in, k)
+	if rec == nil || rec.State != store.Completed || !rec.OutcomeUnknown || rec.Truncated || rec.Endpoint != c.Endpoint {
+		t.Fatalf("Lookup of an unknown outcome = %+v", rec)
+	}
+	about(t, "expiry of the record", exp, time.Now().Add(time.Hour))
+	if sum := store.Summarize(rec); !sum.OutcomeUnknown || sum.Truncated || sum.Status != 0 || sum.BodySize != 0 {
+		t.Fatalf("Summarize = %+v", sum)
+	}
+	if found, err := in.Delete(ctx(t), k); err != nil || !found {
+		t.Fatalf("Delete of an unknown outcome = %v, %v; want true", found, err)
+	}
+	if rec := mustAcquire(t, s, k, newClaim(time.Minute)); rec != nil {
+		t.Fatalf("Acquire after the purge = %+v, want a new claim", rec)
 	}
 }
 

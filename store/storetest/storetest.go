@@ -30,6 +30,7 @@ func Run(t *testing.T, open Opener) {
 	t.Run("TTLExpiry", func(t *testing.T) { testTTLExpiry(t, open(t)) })
 	t.Run("LargeBinaryBody", func(t *testing.T) { testLargeBinaryBody(t, open(t)) })
 	t.Run("Truncated", func(t *testing.T) { testTruncated(t, open(t)) })
+	t.Run("OutcomeUnknown", func(t *testing.T) { testOutcomeUnknown(t, open(t)) })
 	t.Run("KeysAreIndependent", func(t *testing.T) { testIndependentKeys(t, open(t)) })
 }
 
@@ -294,8 +295,33 @@ func testTruncated(t *testing.T, s store.Store) {
 		t.Fatalf("Complete: %v", err)
 	}
 	rec := mustAcquire(t, s, k, newClaim(time.Minute))
-	if rec == nil || !rec.Truncated || rec.Status != 200 || len(rec.Body) != 0 {
+	if rec == nil || !rec.Truncated || rec.OutcomeUnknown || rec.Status != 200 || len(rec.Body) != 0 {
 		t.Fatalf("truncated record = %+v", rec)
+	}
+}
+
+// A request whose outcome is unknown holds its key, like a response, until
+// its TTL: the record says so, and nothing else.
+func testOutcomeUnknown(t *testing.T, s store.Store) {
+	k, c := NewKey(), newClaim(time.Minute)
+	mustAcquire(t, s, k, c)
+	if err := s.Complete(ctx(t), k, c, &store.Record{OutcomeUnknown: true}, shortLease); err != nil {
+		t.Fatalf("Complete: %v", err)
+	}
+	rec := mustAcquire(t, s, k, newClaim(time.Minute))
+	if rec == nil || rec.State != store.Completed || !rec.OutcomeUnknown || rec.Truncated ||
+		rec.Status != 0 || len(rec.Header) != 0 || len(rec.Body) != 0 {
+		t.Fatalf("record of an unknown outcome = %+v", rec)
+	}
+	if rec.Endpoint != c.Endpoint || rec.Fingerprint != c.Fingerprint {
+		t.Fatalf("record of an unknown outcome lost its binding: %+v", rec)
+	}
+	if err := s.Release(ctx(t), k, c.Token); !errors.Is(err, store.ErrNotOwner) {
+		t.Fatalf("Release after an unknown outcome = %v, want ErrNotOwner", err)
+	}
+	time.Sleep(shortLease + 200*time.Millisecond)
+	if rec := mustAcquire(t, s, k, newClaim(time.Minute)); rec != nil {
+		t.Fatalf("unknown outcome held its key after its TTL: %+v", rec)
 	}
 }
 
