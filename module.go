@@ -16,6 +16,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
+	"github.com/caddy-idempotency/caddy-idempotency/internal/canonjson"
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 	_ "github.com/caddy-idempotency/caddy-idempotency/store/file"
 	_ "github.com/caddy-idempotency/caddy-idempotency/store/memory" // the default store
@@ -39,6 +40,9 @@ const (
 	failOpen            = "fail_open"
 	conflictReject      = "reject"
 	conflictWait        = "wait"
+	fingerprintBody     = "body"
+	fingerprintJSON     = "json"
+	fingerprintNone     = "none"
 )
 
 var defaultMethods = []string{http.MethodPost, http.MethodPatch}
@@ -74,6 +78,38 @@ type Handler struct {
 	// method, the host without its port, in lower case, and the path).
 	Endpoint string `json:"endpoint,omitempty"`
 
+	// Fingerprint says which parts of a request make its payload, which a
+	// key is bound to besides its endpoint: a retry with the same payload
+	// is replayed, another payload gets 422. "body": the exact query string
+	// and body bytes. "json": the body's canonical JSON form, in which
+	// member order, insignificant whitespace and other spellings of one
+	// string or number (an escape, 1.0 for 1, 1e2 for 100) do not count but
+	// array order does, and the query parameters as a sorted set
+	// (percent-escapes and + decoded; the values of a repeated parameter
+	// keep their order, since many frameworks read them as an ordered
+	// list); a body that is not valid JSON counts as its bytes and is never
+	// refused. "none": the key and the endpoint only, for clients that
+	// cannot resend the same body; a retry with another body or query is
+	// replayed, not refused, and the body is not read at all, so
+	// max_request_body does not apply. Changing the mode changes every
+	// fingerprint: for at most ttl after the change, the retry of a request
+	// made before it may get 422. Default: body.
+	Fingerprint string `json:"fingerprint,omitempty"`
+
+	// FingerprintIgnore lists the values left out of the json fingerprint,
+	// such as a timestamp or a trace id that a client sets afresh on each
+	// retry, as RFC 6901 JSON pointers in which the token * matches every
+	// element of an array and every member of an object: /sent_at,
+	// /meta/trace_id, /items/*/client_ts. Requires fingerprint json.
+	FingerprintIgnore []string `json:"fingerprint_ignore,omitempty"`
+
+	// FingerprintHeaders are request headers that count in the fingerprint,
+	// in every mode, such as Content-Type or X-Account-Id: the same body
+	// sent with another value of one of them is another payload (422). A
+	// header that is absent differs from one that is empty, and several
+	// lines of one header count in their order. Names are case-insensitive.
+	FingerprintHeaders []string `json:"fingerprint_headers,omitempty"`
+
 	// TTL is how long a completed response is replayed. Default: 24h.
 	TTL caddy.Duration `json:"ttl,omitempty"`
 
@@ -84,7 +120,8 @@ type Handler struct {
 	LockTimeout caddy.Duration `json:"lock_timeout,omitempty"`
 
 	// MaxRequestBody is the largest request body, in bytes, that is
-	// fingerprinted; larger bodies get 413. Default: 1048576 (1 MiB).
+	// fingerprinted; larger bodies get 413 (except with fingerprint none,
+	// which does not read the body). Default: 1048576 (1 MiB).
 	MaxRequestBody int64 `json:"max_request_body,omitempty"`
 
 	// MaxResponseBody is the largest response body, in bytes, that is
@@ -124,6 +161,7 @@ type Handler struct {
 	store    store.Store
 	logger   *zap.Logger
 	keyField string // canonical form of KeyHeader, to index the header map
+	payload  payload
 	problems problems
 	metrics  *metrics // nil when disabled
 	leases   *leases
@@ -167,6 +205,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.setDefaults()
 	h.problems = newProblems(h.KeyHeader, h.MaxRequestBody)
+	h.payload = newPayload(h.Fingerprint, h.FingerprintIgnore, h.FingerprintHeaders)
 
 	if s == nil {
 		if h.StoreRaw == nil {
@@ -223,6 +262,9 @@ func (h *Handler) setDefaults() {
 	if h.Endpoint == "" {
 		h.Endpoint = defaultEndpoint
 	}
+	if h.Fingerprint == "" {
+		h.Fingerprint = fingerprintBody
+	}
 	if h.TTL == 0 {
 		h.TTL = caddy.Duration(defaultTTL)
 	}
@@ -263,6 +305,9 @@ func (h *Handler) Validate() error {
 			return fmt.Errorf("methods: invalid method %q", m)
 		}
 	}
+	if err := h.validateFingerprint(); err != nil {
+		return err
+	}
 	if h.TTL <= 0 {
 		return fmt.Errorf("ttl must be positive: %v", time.Duration(h.TTL))
 	}
@@ -283,6 +328,32 @@ func (h *Handler) Validate() error {
 	}
 	if h.OnConflict == conflictWait && h.MaxWait <= 0 {
 		return fmt.Errorf("on_conflict wait needs a positive max_wait, got %v", time.Duration(h.MaxWait))
+	}
+	return nil
+}
+
+func (h *Handler) validateFingerprint() error {
+	switch h.Fingerprint {
+	case fingerprintBody, fingerprintJSON, fingerprintNone:
+	default:
+		return fmt.Errorf("fingerprint: want body, json or none, got %q", h.Fingerprint)
+	}
+	if len(h.FingerprintIgnore) > 0 {
+		if h.Fingerprint != fingerprintJSON {
+			return fmt.Errorf("fingerprint_ignore applies only with fingerprint json, not %s", h.Fingerprint)
+		}
+		// Provision compiled the pointers if they compile; the app's
+		// defaults, never provisioned as a handler, are checked here.
+		if h.payload.ignore == nil {
+			if _, err := canonjson.Compile(h.FingerprintIgnore); err != nil {
+				return err
+			}
+		}
+	}
+	for _, name := range h.FingerprintHeaders {
+		if !validToken(name) {
+			return fmt.Errorf("fingerprint_headers: invalid header name %q", name)
+		}
 	}
 	return nil
 }
