@@ -82,11 +82,9 @@ var digests = sync.Pool{New: func() any { return &digest{Hash: sha256.New()} }}
 // still matches its record.
 func fingerprint(query string, body *bytes.Buffer) store.Fingerprint {
 	d := digests.Get().(*digest)
-	defer digests.Put(d)
+	defer d.release()
 	d.Reset()
-	binary.BigEndian.PutUint64(d.n[:], uint64(len(query)))
-	d.Write(d.n[:])
-	io.WriteString(d, query)
+	d.string(query)
 	if body != nil {
 		d.Write(body.Bytes())
 	}
