@@ -68,8 +68,9 @@ type digest struct {
 	n   [8]byte
 	sum [sha256.Size]byte
 
-	// scratch space of the json mode and of fingerprint_headers
-	buf    []byte  // decoded query parameters, a header value
+	// Strings are hashed through buf: io.WriteString would allocate a copy,
+	// the hash not being an io.StringWriter.
+	buf    []byte  // the query, a header value, or decoded query parameters
 	params []param // the query's parameters, as spans of buf
 }
 
@@ -228,8 +229,6 @@ func (d *digest) field(b []byte) {
 	d.Write(b)
 }
 
-// string writes s as a field through the scratch buffer: io.WriteString
-// would allocate a copy, the hash not being an io.StringWriter.
 func (d *digest) string(s string) {
 	d.buf = append(d.buf[:0], s...)
 	d.field(d.buf)
