@@ -130,6 +130,15 @@ func (h *Handler) inherit(ctx caddy.Context) (shared store.Store, name string, e
 	if len(h.Methods) == 0 {
 		h.Methods = append([]string(nil), d.Methods...)
 	}
+	pick(&h.Fingerprint, d.Fingerprint)
+	if len(h.FingerprintIgnore) == 0 && h.Fingerprint == fingerprintJSON && d.Fingerprint == fingerprintJSON {
+		// the pointers go with the mode: a route with a mode of its own
+		// does not take the defaults' pointers for another
+		h.FingerprintIgnore = append([]string(nil), d.FingerprintIgnore...)
+	}
+	if len(h.FingerprintHeaders) == 0 {
+		h.FingerprintHeaders = append([]string(nil), d.FingerprintHeaders...)
+	}
 	if h.TTL == 0 {
 		h.TTL = d.TTL
 	}

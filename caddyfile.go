@@ -3,6 +3,7 @@ package idempotency
 import (
 	"strings"
 
+	"github.com/caddy-idempotency/caddy-idempotency/internal/canonjson"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/cfarg"
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
@@ -34,6 +35,9 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		required
 //		scope             <template>
 //		endpoint          <template...>
+//		fingerprint       body | json | none
+//		fingerprint_ignore <json-pointer...>
+//		fingerprint_headers <name...>
 //		ttl               <duration>
 //		lock_timeout      <duration>
 //		max_request_body  <size>
@@ -47,10 +51,14 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		store             <module> [{ ... }]
 //	}
 //
-// Every option may appear once.
+// Every option may appear once. fingerprint_ignore requires fingerprint
+// json in the same block.
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	const maxBodyLimit = 1 << 40 // 1 TiB: bodies are buffered in memory, so more is a mistake
-	return cfarg.Block(d, nil, func(opt string) (err error) {
+	// Made where fingerprint_ignore is, to name its line; returned at the
+	// end of the block, once the mode is known.
+	var ignoreWithoutJSON error
+	err := cfarg.Block(d, nil, func(opt string) (err error) {
 		switch opt {
 		case "key_header":
 			h.KeyHeader, err = cfarg.One(d, opt)
@@ -64,6 +72,25 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			var parts []string
 			parts, err = cfarg.List(d, opt)
 			h.Endpoint = strings.Join(parts, " ")
+		case "fingerprint":
+			h.Fingerprint, err = cfarg.OneOf(d, opt, fingerprintBody, fingerprintJSON, fingerprintNone)
+		case "fingerprint_ignore":
+			if h.FingerprintIgnore, err = cfarg.List(d, opt); err != nil {
+				return err
+			}
+			if _, err := canonjson.Compile(h.FingerprintIgnore); err != nil {
+				return d.Err(err.Error())
+			}
+			ignoreWithoutJSON = d.Errf("%s: applies only with 'fingerprint json' in the same block", opt)
+		case "fingerprint_headers":
+			if h.FingerprintHeaders, err = cfarg.List(d, opt); err != nil {
+				return err
+			}
+			for _, name := range h.FingerprintHeaders {
+				if !validToken(name) {
+					return d.Errf("%s: invalid header name '%s'", opt, name)
+				}
+			}
 		case "methods":
 			h.Methods, err = cfarg.List(d, opt)
 		case "disable_metrics":
@@ -96,6 +123,10 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		}
 		return err
 	})
+	if err == nil && ignoreWithoutJSON != nil && h.Fingerprint != fingerprintJSON {
+		return ignoreWithoutJSON
+	}
+	return err
 }
 
 // unmarshalStore loads the store module named by the next token and lets it

@@ -17,6 +17,7 @@ func FuzzUnmarshalCaddyfile(f *testing.F) {
 		"idempotency {\n store redis {\n address a:1 b:2\n db 3\n tls\n }\n}",
 		"idempotency {\n max_request_body 1MiB\n}",
 		"idempotency {\n store\n}",
+		"idempotency {\n fingerprint_ignore /a /b/*/c~1d\n fingerprint json\n fingerprint_headers X-A\n}",
 	} {
 		f.Add(s)
 	}

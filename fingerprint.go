@@ -7,8 +7,12 @@ import (
 	"hash"
 	"io"
 	"net/http"
+	"net/textproto"
+	"slices"
+	"strings"
 	"sync"
 
+	"github.com/caddy-idempotency/caddy-idempotency/internal/canonjson"
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
@@ -16,6 +20,9 @@ import (
 // puts back an identical body for the next handler. It refuses to read more
 // than MaxRequestBody.
 func (h *Handler) readBody(r *http.Request) (buf *bytes.Buffer, tooLarge bool, err error) {
+	if h.payload.mode == modeNone {
+		return nil, false, nil // the body is not fingerprinted: it streams on unread
+	}
 	if r.ContentLength > h.MaxRequestBody {
 		return nil, true, nil
 	}
@@ -60,21 +67,279 @@ type digest struct {
 	hash.Hash
 	n   [8]byte
 	sum [sha256.Size]byte
+
+	// Strings are hashed through buf: io.WriteString would allocate a copy,
+	// the hash not being an io.StringWriter.
+	buf    []byte  // the query, a header value, or decoded query parameters
+	params []param // the query's parameters, as spans of buf
 }
 
 var digests = sync.Pool{New: func() any { return &digest{Hash: sha256.New()} }}
 
 // fingerprint hashes what the request carries: its query and its body. The
 // query is length-prefixed so no query and body can pass for another pair.
+// It is the fingerprint of the body mode without fingerprint_headers, the
+// one every earlier version computed, so that a retry across an upgrade
+// still matches its record.
 func fingerprint(query string, body *bytes.Buffer) store.Fingerprint {
 	d := digests.Get().(*digest)
-	defer digests.Put(d)
+	defer d.release()
 	d.Reset()
-	binary.BigEndian.PutUint64(d.n[:], uint64(len(query)))
-	d.Write(d.n[:])
-	io.WriteString(d, query)
+	d.string(query)
 	if body != nil {
 		d.Write(body.Bytes())
 	}
 	return store.Fingerprint(d.Sum(d.sum[:0]))
+}
+
+// fingerprintMode is the fingerprint option, parsed once.
+type fingerprintMode uint8
+
+const (
+	modeBody fingerprintMode = iota + 1
+	modeJSON
+	modeNone
+)
+
+var fingerprintModes = map[string]fingerprintMode{
+	fingerprintBody: modeBody,
+	fingerprintJSON: modeJSON,
+	fingerprintNone: modeNone,
+}
+
+// payload is what a handler's fingerprint reads of a request, prepared at
+// Provision.
+type payload struct {
+	mode    fingerprintMode
+	ignore  *canonjson.Ignore // json mode's fingerprint_ignore; nil when none
+	headers []string          // fingerprint_headers, canonical, sorted, each once
+}
+
+// newPayload prepares the fingerprint options. The header names are sorted
+// and deduplicated, so that listing them in another order or case does not
+// change fingerprints. Pointers that do not compile are left out here and
+// reported by Validate, with every other malformed option.
+func newPayload(mode string, ignore, headers []string) payload {
+	p := payload{mode: fingerprintModes[mode]}
+	if p.mode == modeJSON && len(ignore) > 0 {
+		p.ignore, _ = canonjson.Compile(ignore)
+	}
+	for _, name := range headers {
+		p.headers = append(p.headers, textproto.CanonicalMIMEHeaderKey(name))
+	}
+	slices.Sort(p.headers)
+	p.headers = slices.Compact(p.headers)
+	return p
+}
+
+// The fingerprint of the body mode without fingerprint_headers is
+// fingerprint's, as before the modes existed. Every other fingerprint
+// starts with a word that no query's length can be (a query is bounded by
+// the request line, far below 2^63), naming its layout, and goes on with
+// fields that are each a fixed-size tag or word, or length-prefixed:
+//
+//	body mode: layout word, headers, query, body
+//	json mode: layout word, headers, query (params as a set, or raw), body
+//	           (canonical JSON, or raw)
+//	none mode: layout word, headers
+//	headers:   count; per name: name, count of lines, each line
+//	params:    count; per parameter: name, value (decoded)
+//
+// Lengths and counts are 8-byte big-endian words. A tag says which of two
+// forms a field holds, so that raw bytes can never pass for a canonical
+// form.
+const (
+	layoutBody uint64 = 1<<63 | (iota + 1)
+	layoutJSON
+	layoutNone
+)
+
+// Tags of the json mode's fields.
+const (
+	tagParams    = 'p' // the query as a sorted set of decoded parameters
+	tagRawQuery  = 'q' // the query as sent: it has an invalid escape
+	tagCanonical = 'c' // the body's canonical JSON form
+	tagRawBody   = 'b' // the body as sent: it is not valid JSON
+)
+
+// fingerprintOf hashes the payload of r, whose body the handler buffered
+// (nil when empty, or in none mode), as the fingerprint option says.
+func (h *Handler) fingerprintOf(r *http.Request, body *bytes.Buffer) store.Fingerprint {
+	p := &h.payload
+	if p.mode == modeBody && len(p.headers) == 0 {
+		return fingerprint(r.URL.RawQuery, body)
+	}
+	d := digests.Get().(*digest)
+	defer d.release()
+	d.Reset()
+	switch p.mode {
+	case modeJSON:
+		d.word(layoutJSON)
+	case modeNone:
+		d.word(layoutNone)
+	default:
+		d.word(layoutBody)
+	}
+	d.headers(r.Header, p.headers)
+	var b []byte
+	if body != nil {
+		b = body.Bytes()
+	}
+	switch p.mode {
+	case modeJSON:
+		d.query(r.URL.RawQuery)
+		if !canonjson.Write((*canonicalBody)(d), b, p.ignore) {
+			d.tag(tagRawBody)
+			d.field(b)
+		}
+	case modeNone:
+	default:
+		d.string(r.URL.RawQuery)
+		d.field(b)
+	}
+	return store.Fingerprint(d.Sum(d.sum[:0]))
+}
+
+// maxScratch keeps one request with a huge query or header from pinning
+// its scratch space in the pool.
+const maxScratch = 64 << 10
+
+func (d *digest) release() {
+	if cap(d.buf) > maxScratch {
+		d.buf = nil
+	}
+	if cap(d.params) > maxScratch/24 {
+		d.params = nil
+	}
+	digests.Put(d)
+}
+
+func (d *digest) word(n uint64) {
+	binary.BigEndian.PutUint64(d.n[:], n)
+	d.Write(d.n[:])
+}
+
+func (d *digest) tag(t byte) {
+	d.n[0] = t
+	d.Write(d.n[:1])
+}
+
+func (d *digest) field(b []byte) {
+	d.word(uint64(len(b)))
+	d.Write(b)
+}
+
+func (d *digest) string(s string) {
+	d.buf = append(d.buf[:0], s...)
+	d.field(d.buf)
+}
+
+// headers writes the values of the named headers of hdr.
+func (d *digest) headers(hdr http.Header, names []string) {
+	d.word(uint64(len(names)))
+	for _, name := range names {
+		d.string(name)
+		lines := hdr[name]
+		d.word(uint64(len(lines))) // 0: absent, which differs from one empty line
+		for _, v := range lines {
+			d.string(v)
+		}
+	}
+}
+
+// canonicalBody is the digest as the writer that canonjson.Write hands the
+// canonical form to, in one call: it writes it as a tagged field, without
+// first copying it to learn its length.
+type canonicalBody digest
+
+func (c *canonicalBody) Write(p []byte) (int, error) {
+	d := (*digest)(c)
+	d.tag(tagCanonical)
+	d.field(p)
+	return len(p), nil
+}
+
+// param is a decoded query parameter: its name and value are spans of the
+// digest's buf.
+type param struct{ name, value, end int }
+
+// query writes a query as the set of its parameters, sorted by name; the
+// values of a repeated name keep their order (a=1&a=2 is not a=2&a=1).
+// Empty parameters (a&&b) are skipped, and a parameter without = is one
+// with an empty value, as most frameworks read them. A query with an
+// invalid percent-escape is written as sent.
+func (d *digest) query(q string) {
+	d.buf, d.params = d.buf[:0], d.params[:0]
+	if !d.parseQuery(q) {
+		d.tag(tagRawQuery)
+		d.string(q)
+		return
+	}
+	buf := d.buf
+	slices.SortStableFunc(d.params, func(a, b param) int {
+		return bytes.Compare(buf[a.name:a.value], buf[b.name:b.value])
+	})
+	d.tag(tagParams)
+	d.word(uint64(len(d.params)))
+	for _, p := range d.params {
+		d.field(buf[p.name:p.value])
+		d.field(buf[p.value:p.end])
+	}
+}
+
+func (d *digest) parseQuery(q string) bool {
+	for q != "" {
+		var pair string
+		pair, q, _ = strings.Cut(q, "&")
+		if pair == "" {
+			continue
+		}
+		name, value, _ := strings.Cut(pair, "=")
+		p := param{name: len(d.buf)}
+		var ok bool
+		if d.buf, ok = unescapeQuery(d.buf, name); !ok {
+			return false
+		}
+		p.value = len(d.buf)
+		if d.buf, ok = unescapeQuery(d.buf, value); !ok {
+			return false
+		}
+		p.end = len(d.buf)
+		d.params = append(d.params, p)
+	}
+	return true
+}
+
+// unescapeQuery appends s decoded as a query component (%XX escapes, + for
+// a space) to dst; ok is false for an invalid escape.
+func unescapeQuery(dst []byte, s string) ([]byte, bool) {
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; c {
+		case '+':
+			dst = append(dst, ' ')
+		case '%':
+			if i+2 >= len(s) || !isHex(s[i+1]) || !isHex(s[i+2]) {
+				return dst, false
+			}
+			dst = append(dst, unhex(s[i+1])<<4|unhex(s[i+2]))
+			i += 2
+		default:
+			dst = append(dst, c)
+		}
+	}
+	return dst, true
+}
+
+func isHex(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
+}
+
+func unhex(c byte) byte {
+	switch {
+	case c <= '9':
+		return c - '0'
+	case c <= 'F':
+		return c - 'A' + 10
+	}
+	return c - 'a' + 10
 }

@@ -58,7 +58,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	claim := &store.Claim{
 		Token:       newToken(),
 		Endpoint:    h.endpoint(r, repl),
-		Fingerprint: fingerprint(r.URL.RawQuery, body),
+		Fingerprint: h.fingerprintOf(r, body),
 		Lease:       time.Duration(h.LockTimeout),
 	}
 	rec, err := h.store.Acquire(r.Context(), key, claim)

@@ -16,6 +16,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
+	"github.com/caddy-idempotency/caddy-idempotency/internal/canonjson"
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 	_ "github.com/caddy-idempotency/caddy-idempotency/store/file"
 	_ "github.com/caddy-idempotency/caddy-idempotency/store/memory" // the default store
@@ -41,6 +42,9 @@ const (
 	conflictWait        = "wait"
 	unknownRelease      = "release"
 	unknownKeep         = "keep"
+	fingerprintBody     = "body"
+	fingerprintJSON     = "json"
+	fingerprintNone     = "none"
 )
 
 var defaultMethods = []string{http.MethodPost, http.MethodPatch}
@@ -76,6 +80,38 @@ type Handler struct {
 	// method, the host without its port, in lower case, and the path).
 	Endpoint string `json:"endpoint,omitempty"`
 
+	// Fingerprint says which parts of a request make its payload, which a
+	// key is bound to besides its endpoint: a retry with the same payload
+	// is replayed, another payload gets 422. "body": the exact query string
+	// and body bytes. "json": the body's canonical JSON form, in which
+	// member order, insignificant whitespace and other spellings of one
+	// string or number (an escape, 1.0 for 1, 1e2 for 100) do not count but
+	// array order does, and the query parameters as a sorted set
+	// (percent-escapes and + decoded; the values of a repeated parameter
+	// keep their order, since many frameworks read them as an ordered
+	// list); a body that is not valid JSON counts as its bytes and is never
+	// refused. "none": the key and the endpoint only, for clients that
+	// cannot resend the same body; a retry with another body or query is
+	// replayed, not refused, and the body is not read at all, so
+	// max_request_body does not apply. Changing the mode changes every
+	// fingerprint: for at most ttl after the change, the retry of a request
+	// made before it may get 422. Default: body.
+	Fingerprint string `json:"fingerprint,omitempty"`
+
+	// FingerprintIgnore lists the values left out of the json fingerprint,
+	// such as a timestamp or a trace id that a client sets afresh on each
+	// retry, as RFC 6901 JSON pointers in which the token * matches every
+	// element of an array and every member of an object: /sent_at,
+	// /meta/trace_id, /items/*/client_ts. Requires fingerprint json.
+	FingerprintIgnore []string `json:"fingerprint_ignore,omitempty"`
+
+	// FingerprintHeaders are request headers that count in the fingerprint,
+	// in every mode, such as Content-Type or X-Account-Id: the same body
+	// sent with another value of one of them is another payload (422). A
+	// header that is absent differs from one that is empty, and several
+	// lines of one header count in their order. Names are case-insensitive.
+	FingerprintHeaders []string `json:"fingerprint_headers,omitempty"`
+
 	// TTL is how long a completed response is replayed. Default: 24h.
 	TTL caddy.Duration `json:"ttl,omitempty"`
 
@@ -86,7 +122,8 @@ type Handler struct {
 	LockTimeout caddy.Duration `json:"lock_timeout,omitempty"`
 
 	// MaxRequestBody is the largest request body, in bytes, that is
-	// fingerprinted; larger bodies get 413. Default: 1048576 (1 MiB).
+	// fingerprinted; larger bodies get 413 (except with fingerprint none,
+	// which does not read the body). Default: 1048576 (1 MiB).
 	MaxRequestBody int64 `json:"max_request_body,omitempty"`
 
 	// MaxResponseBody is the largest response body, in bytes, that is
@@ -141,6 +178,7 @@ type Handler struct {
 	store    store.Store
 	logger   *zap.Logger
 	keyField string // canonical form of KeyHeader, to index the header map
+	payload  payload
 	problems problems
 	metrics  *metrics // nil when disabled
 	leases   *leases
@@ -184,6 +222,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.setDefaults()
 	h.problems = newProblems(h.KeyHeader, h.MaxRequestBody)
+	h.payload = newPayload(h.Fingerprint, h.FingerprintIgnore, h.FingerprintHeaders)
 
 	if s == nil {
 		if h.StoreRaw == nil {
@@ -240,6 +279,9 @@ func (h *Handler) setDefaults() {
 	if h.Endpoint == "" {
 		h.Endpoint = defaultEndpoint
 	}
+	if h.Fingerprint == "" {
+		h.Fingerprint = fingerprintBody
+	}
 	if h.TTL == 0 {
 		h.TTL = caddy.Duration(defaultTTL)
 	}
@@ -283,6 +325,9 @@ func (h *Handler) Validate() error {
 			return fmt.Errorf("methods: invalid method %q", m)
 		}
 	}
+	if err := h.validateFingerprint(); err != nil {
+		return err
+	}
 	if h.TTL <= 0 {
 		return fmt.Errorf("ttl must be positive: %v", time.Duration(h.TTL))
 	}
@@ -306,6 +351,32 @@ func (h *Handler) Validate() error {
 	}
 	if h.OnUnknownOutcome != unknownRelease && h.OnUnknownOutcome != unknownKeep {
 		return fmt.Errorf("on_unknown_outcome: want release or keep, got %q", h.OnUnknownOutcome)
+	}
+	return nil
+}
+
+func (h *Handler) validateFingerprint() error {
+	switch h.Fingerprint {
+	case fingerprintBody, fingerprintJSON, fingerprintNone:
+	default:
+		return fmt.Errorf("fingerprint: want body, json or none, got %q", h.Fingerprint)
+	}
+	if len(h.FingerprintIgnore) > 0 {
+		if h.Fingerprint != fingerprintJSON {
+			return fmt.Errorf("fingerprint_ignore applies only with fingerprint json, not %s", h.Fingerprint)
+		}
+		// Provision compiled the pointers if they compile; the app's
+		// defaults, never provisioned as a handler, are checked here.
+		if h.payload.ignore == nil {
+			if _, err := canonjson.Compile(h.FingerprintIgnore); err != nil {
+				return err
+			}
+		}
+	}
+	for _, name := range h.FingerprintHeaders {
+		if !validToken(name) {
+			return fmt.Errorf("fingerprint_headers: invalid header name %q", name)
+		}
 	}
 	return nil
 }
