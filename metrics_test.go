@@ -87,7 +87,11 @@ func TestDisableMetrics(t *testing.T) {
 	if h.metrics != nil {
 		t.Fatal("metrics on despite disable_metrics")
 	}
-	if _, ok := h.store.(*instrumented); ok {
+	tr, ok := h.store.(*traced)
+	if !ok {
+		t.Fatalf("store %T, want the traced store", h.store)
+	}
+	if _, ok := tr.Store.(*instrumented); ok {
 		t.Fatal("store instrumented despite disable_metrics")
 	}
 	before := count("new")

@@ -185,6 +185,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 		h.store = instrument(s, storeName)
 	}
+	// Outermost, so that the metrics time the store alone.
+	h.store = traceStore(h.store, s, storeName)
 	return nil
 }
 
