@@ -122,7 +122,7 @@ func (a *adminAPI) listStores(w http.ResponseWriter) error {
 	out := []storeInfo{}
 	for _, reg := range a.registered() {
 		_, ok := reg.Store.(store.Inspector)
-		out = append(out, storeInfo{Name: reg.Name, Module: reg.Module(), Inspector: ok})
+		out = append(out, storeInfo{Name: reg.Name, Module: reg.Module, Inspector: ok})
 	}
 	return writeJSON(w, out)
 }
@@ -248,7 +248,7 @@ func (a *adminAPI) pick(name string) (string, store.Inspector, error) {
 	}
 	if len(match) == 0 && name != "" {
 		for _, reg := range regs {
-			if reg.Module() == name {
+			if reg.Module == name {
 				match = append(match, reg)
 			}
 		}

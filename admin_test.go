@@ -237,11 +237,11 @@ type plain struct{ store.Store }
 
 func TestAdminStores(t *testing.T) {
 	mem := openMemory(t)
-	regs := []store.Registration{{Name: "memory:a", Store: mem}, {Name: "other:x", Store: plain{mem}}}
+	regs := []store.Registration{{Name: "orders", Module: "memory", Store: mem}, {Name: "legacy", Module: "other", Store: plain{mem}}}
 	srv := adminServer(t, &adminAPI{stores: func() []store.Registration { return regs }})
 	var got []storeInfo
 	call(t, srv, "GET", "/idempotency/stores", 200, &got)
-	want := []storeInfo{{Name: "memory:a", Module: "memory", Inspector: true}, {Name: "other:x", Module: "other", Inspector: false}}
+	want := []storeInfo{{Name: "orders", Module: "memory", Inspector: true}, {Name: "legacy", Module: "other", Inspector: false}}
 	if !slices.Equal(got, want) {
 		t.Fatalf("stores = %+v, want %+v", got, want)
 	}
@@ -252,15 +252,15 @@ func TestAdminStores(t *testing.T) {
 	call(t, srv, "GET", "/idempotency/stores", 200, &got)
 	found := false
 	for _, s := range got {
-		found = found || s.Name == "memory:"+itoa(int64(own.MaxEntries))+"/268435456"
+		found = found || (s.Name == "memory ("+itoa(int64(own.MaxEntries))+" records, 256MiB)" && s.Module == "memory")
 	}
 	if !found {
 		t.Fatalf("stores = %+v, want the provisioned memory store", got)
 	}
 }
 
-// Which store a request means: the only one, a full name, a module name
-// that only one store has; anything else is refused with the names.
+// Which store a request means: the only one, its name, a module name that
+// only one store has; anything else is refused with the names.
 func TestAdminStoreChoice(t *testing.T) {
 	a, b := openMemory(t), openMemory(t)
 	var regs []store.Registration
@@ -274,29 +274,36 @@ func TestAdminStoreChoice(t *testing.T) {
 	wantError(t, srv, "GET", path, 404, "no idempotency store is provisioned")
 	wantError(t, srv, "GET", "/idempotency/stuck", 404, "no idempotency store is provisioned")
 
-	regs = []store.Registration{{Name: "memory:a", Store: a}}
+	regs = []store.Registration{{Name: "orders", Module: "memory", Store: a}}
 	var info keyInfo
 	call(t, srv, "GET", path, 200, &info) // the only store: store= may be left out
-	if info.Store != "memory:a" || info.Endpoint != "POST in/a" {
+	if info.Store != "orders" || info.Endpoint != "POST in/a" {
 		t.Fatalf("lookup in the only store = %+v", info)
 	}
 
-	regs = []store.Registration{{Name: "memory:a", Store: a}, {Name: "memory:b", Store: b}, {Name: "other:x", Store: plain{a}}}
-	wantError(t, srv, "GET", path, 400, "3 stores are provisioned; choose one with store=<name> (--store on the command line): memory:a, memory:b, other:x")
+	regs = []store.Registration{{Name: "legacy", Module: "other", Store: plain{a}}, {Name: "memory (5 records, 1MiB)", Module: "memory", Store: b}, {Name: "orders", Module: "memory", Store: a}}
+	wantError(t, srv, "GET", path, 400, "3 stores are provisioned; choose one with store=<name> (--store on the command line): legacy, memory (5 records, 1MiB), orders")
 	wantError(t, srv, "GET", path+"?store=memory", 400, "2 memory stores are provisioned; choose one with its full name")
-	wantError(t, srv, "GET", path+"?store=redis", 404, `no store "redis"; provisioned stores: memory:a, memory:b, other:x`)
-	wantError(t, srv, "GET", path+"?store=memory:b", 404, "no record for key "+k.String()+" in store memory:b")
-	wantError(t, srv, "GET", path+"?store=other", 501, "store other:x cannot be inspected")
-	call(t, srv, "GET", path+"?store=memory:a", 200, &info)
+	wantError(t, srv, "GET", path+"?store=redis", 404, `no store "redis"; provisioned stores: legacy, memory (5 records, 1MiB), orders`)
+	wantError(t, srv, "GET", path+"?store="+url.QueryEscape("memory (5 records, 1MiB)"), 404, "no record for key "+k.String()+" in store memory (5 records, 1MiB)")
+	wantError(t, srv, "GET", path+"?store=other", 501, "store legacy cannot be inspected")
+	wantError(t, srv, "GET", path+"?store=legacy", 501, "store legacy cannot be inspected")
+	call(t, srv, "GET", path+"?store=orders", 200, &info)
+	if info.Store != "orders" || info.Endpoint != "POST in/a" {
+		t.Fatalf("lookup in the store named orders = %+v", info)
+	}
 
-	regs = []store.Registration{{Name: "memory:a", Store: a}, {Name: "other:x", Store: plain{a}}}
+	regs = []store.Registration{{Name: "orders", Module: "memory", Store: a}, {Name: "legacy", Module: "other", Store: plain{a}}}
 	call(t, srv, "GET", path+"?store=memory", 200, &info) // the one memory store
+	if info.Store != "orders" {
+		t.Fatalf("lookup in the one memory store = %+v", info)
+	}
 }
 
 func TestAdminBadRequests(t *testing.T) {
 	mem := openMemory(t)
 	srv := adminServer(t, &adminAPI{stores: func() []store.Registration {
-		return []store.Registration{{Name: "memory:a", Store: mem}}
+		return []store.Registration{{Name: "memory", Module: "memory", Store: mem}}
 	}})
 	hash := store.NewKey("", "k").String()
 	for _, tc := range []struct {

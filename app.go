@@ -38,7 +38,7 @@ type App struct {
 	Handler
 
 	shared     store.Store
-	sharedName string // the store module's name, for metrics labels
+	sharedName string // the store's name, for metrics labels
 }
 
 // CaddyModule returns the Caddy module information.
@@ -102,7 +102,7 @@ func expandShorthands(template string) string {
 
 // inherit fills the options this handler leaves unset from the config's
 // idempotency app, if there is one. When the handler sets no store of its
-// own, it returns the app's shared store, if any, with its module's name.
+// own, it returns the app's shared store, if any, with its name.
 func (h *Handler) inherit(ctx caddy.Context) (shared store.Store, name string, err error) {
 	val, err := ctx.AppIfConfigured("idempotency")
 	if errors.Is(err, caddy.ErrNotConfigured) {

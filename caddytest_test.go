@@ -159,6 +159,9 @@ http://localhost:9581 {
 	if ct := resp.Header.Get("Content-Type"); ct != "text/plain" {
 		t.Fatalf("restyled answer has Content-Type %q: %s", ct, body)
 	}
+	if cc := resp.Header.Get("Cache-Control"); cc != "no-store" {
+		t.Fatalf("restyled answer has Cache-Control %q, want no-store", cc)
+	}
 
 	req, _ = http.NewRequest(http.MethodPost, "http://localhost:9581/orders", strings.NewReader("x"))
 	req.Header.Set("Idempotency-Key", "k")

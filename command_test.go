@@ -5,9 +5,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -109,15 +111,26 @@ func TestCommandAgainstCaddy(t *testing.T) {
 	grace_period 1ns
 }
 http://localhost:9680 {
-	idempotency {
-		store memory {
-			max_entries 9680
+	handle /named/* {
+		idempotency {
+			store memory {
+				max_entries 9681
+				name orders
+			}
 		}
+		reverse_proxy %[1]s
 	}
-	reverse_proxy %s
+	handle {
+		idempotency {
+			store memory {
+				max_entries 9680
+			}
+		}
+		reverse_proxy %[1]s
+	}
 }`, upstream.Listener.Addr()), "caddyfile")
 
-	const name = "memory:9680/268435456"
+	const name = "memory (9680 records, 256MiB)"
 	admin := "--address=localhost:2999"
 	post := func(path, key string) *http.Response {
 		t.Helper()
@@ -127,7 +140,37 @@ http://localhost:9680 {
 	}
 
 	out := mustCLI(t, "stores", admin)
-	wantContains(t, out, "NAME", "MODULE", name+"  ")
+	wantContains(t, out, "NAME", "MODULE", name+"  ", "\norders  ")
+	var stores []storeInfo
+	if err := json.Unmarshal([]byte(mustCLI(t, "stores", admin, "--json")), &stores); err != nil ||
+		!slices.Contains(stores, storeInfo{Name: name, Module: "memory", Inspector: true}) ||
+		!slices.Contains(stores, storeInfo{Name: "orders", Module: "memory", Inspector: true}) {
+		t.Fatalf("stores --json = %+v (%v), want both memory stores by name", stores, err)
+	}
+
+	// The named store is chosen by its name, and holds its own records.
+	post("/named/orders", "n-1")
+	out = mustCLI(t, "inspect", admin, "--store", "orders", "--key", "n-1")
+	wantContains(t, out, "store       orders", "endpoint    POST localhost/named/orders")
+	if _, err := runCLI(t, "inspect", admin, "--store", name, "--key", "n-1"); err == nil || !strings.Contains(err.Error(), "no record") {
+		t.Fatalf("the other store has the named store's key: %v", err)
+	}
+
+	// The metrics carry the same names.
+	resp, err := http.Get("http://localhost:2999/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metricsText, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{
+		`caddy_idempotency_store_operation_duration_seconds_count{operation="acquire",store="orders"} 1`,
+		`caddy_idempotency_store_operation_duration_seconds_count{operation="complete",store="orders"} 1`,
+	} {
+		if !strings.Contains(string(metricsText), want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
 
 	post("/orders", "order-1")
 	hash := store.NewKey("", "order-1").String()
@@ -200,11 +243,11 @@ func cliServer(t *testing.T, regs ...store.Registration) string {
 
 func TestCommandOutput(t *testing.T) {
 	mem := openMemory(t)
-	admin := cliServer(t, store.Registration{Name: "memory:a", Store: mem})
+	admin := cliServer(t, store.Registration{Name: "orders", Module: "memory", Store: mem})
 	ctx := context.Background()
 
 	out := mustCLI(t, "stuck", admin)
-	wantContains(t, out, "no claim in flight for 30s or longer in memory:a")
+	wantContains(t, out, "no claim in flight for 30s or longer in orders")
 
 	// Two claims: the limit is reported.
 	for _, k := range []string{"a", "b"} {
@@ -257,7 +300,7 @@ func TestCommandOutput(t *testing.T) {
 
 func TestCommandErrors(t *testing.T) {
 	mem := openMemory(t)
-	admin := cliServer(t, store.Registration{Name: "memory:a", Store: mem}, store.Registration{Name: "memory:b", Store: mem})
+	admin := cliServer(t, store.Registration{Name: "orders", Module: "memory", Store: mem}, store.Registration{Name: "payments", Module: "memory", Store: mem})
 
 	// A port nothing listens on.
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -279,12 +322,12 @@ func TestCommandErrors(t *testing.T) {
 		{[]string{"inspect", admin, "--hash", "abc", "--key", "k"}, "none of the others can be"},
 		{[]string{"inspect", admin, "--hash", "abc", "def"}, "give the key once"},
 		{[]string{"inspect", admin, "a", "b"}, "accepts at most 1 arg"},
-		{[]string{"inspect", admin, "--store", "memory:a", "--hash", "abc"}, `"abc" is not a key hash`},
-		{[]string{"inspect", admin, "--key", "k"}, "2 stores are provisioned; choose one with store=<name> (--store on the command line): memory:a, memory:b"},
+		{[]string{"inspect", admin, "--store", "orders", "--hash", "abc"}, `"abc" is not a key hash`},
+		{[]string{"inspect", admin, "--key", "k"}, "2 stores are provisioned; choose one with store=<name> (--store on the command line): orders, payments"},
 		{[]string{"purge", admin, "--store", "memory", "--key", "k"}, "2 memory stores are provisioned"},
-		{[]string{"purge", admin, "--store", "memory:a", "--key", "k"}, "no record for key " + store.NewKey("", "k").String() + " in store memory:a"},
-		{[]string{"stuck", admin, "--store", "memory:a", "--older-than", "soon"}, "older_than"},
-		{[]string{"stuck", admin, "--store", "memory:a", "--limit", "0"}, "limit"},
+		{[]string{"purge", admin, "--store", "orders", "--key", "k"}, "no record for key " + store.NewKey("", "k").String() + " in store orders"},
+		{[]string{"stuck", admin, "--store", "orders", "--older-than", "soon"}, "older_than"},
+		{[]string{"stuck", admin, "--store", "orders", "--limit", "0"}, "limit"},
 		{[]string{"stuck", admin, "extra"}, "unknown command"},
 		{[]string{"stores", dead}, "is Caddy running"},
 		{[]string{"stores", "--address=" + bare.Listener.Addr().String()}, "is this Caddy built with the idempotency module?"},

@@ -142,7 +142,7 @@ func (h *Handler) answerFromRecord(w http.ResponseWriter, r *http.Request, repl 
 // acquireFailed answers a request whose claim the store could not take,
 // per on_store_error, and withdraws the claim in case it lands late.
 func (h *Handler) acquireFailed(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, next caddyhttp.Handler, key store.Key, tok store.Token, err error) error {
-	h.withdraw(key, tok)
+	h.withdraw(detached(r.Context()), key, tok)
 	h.setResult(repl, resultError)
 	if h.OnStoreError == failOpen {
 		h.logger.Warn("idempotency store unavailable; passing the request through unprotected (fail_open)",
@@ -165,27 +165,27 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, repl *caddy.Re
 		defer unmarkEarlierUpstream(repl)
 	}
 	run, ctx := h.leases.start(r.Context(), key, c.Token)
+	after := detached(r.Context())
 	defer func() {
 		if p := recover(); p != nil {
 			h.leases.stop(run)
-			h.finish(key, c, rw, repl, nil, true)
+			h.finish(after, key, c, rw, repl, nil, true)
 			panic(p)
 		}
 	}()
 	err = next.ServeHTTP(rw, r.WithContext(ctx))
 	h.leases.stop(run) // before finishing, so a last renewal cannot race the release
-	h.finish(key, c, rw, repl, err, false)
+	h.finish(after, key, c, rw, repl, err, false)
 	return err
 }
 
 // finish stores the response of a claimed request, or what became of it
 // when it got none (outcome.go), or releases the claim when a retry should
-// run the request anew.
-func (h *Handler) finish(key store.Key, c *store.Claim, rw *recorder, repl *caddy.Replacer, handlerErr error, aborted bool) {
+// run the request anew. ctx is detached from the client's: its response is
+// being stored for its retry whether or not it stayed. Each store bounds
+// its own calls.
+func (h *Handler) finish(ctx context.Context, key store.Key, c *store.Claim, rw *recorder, repl *caddy.Replacer, handlerErr error, aborted bool) {
 	defer finished.done(key)
-	// The client's context is not used: its response is being stored for
-	// its retry whether or not it stayed. Each store bounds its own calls.
-	ctx := context.Background()
 
 	status := rw.status
 	switch {
@@ -222,6 +222,6 @@ func (h *Handler) complete(ctx context.Context, key store.Key, c *store.Claim, r
 	case err != nil:
 		h.logger.Warn("storing the response failed; retrying until the lease passes",
 			zap.String("key_hash", key.String()), zap.Error(err))
-		h.completeLater(key, c, rec)
+		h.completeLater(ctx, key, c, rec)
 	}
 }

@@ -240,6 +240,9 @@ func wantProblem(t *testing.T, r response, status int, title string) {
 	if ct := r.Header().Get("Content-Type"); ct != "application/problem+json" {
 		t.Fatalf("Content-Type %q, want application/problem+json", ct)
 	}
+	if cc := r.Header().Values("Cache-Control"); len(cc) != 1 || cc[0] != "no-store" {
+		t.Fatalf("Cache-Control %q, want no-store", cc)
+	}
 	var p struct {
 		Type, Title, Detail string
 		Status              int

@@ -151,7 +151,7 @@ func (l *leases) renew(r *run, held time.Time) {
 	h := l.h
 	for retry := minRenewRetry; !l.stopped(r); retry = min(2*retry, l.lease/renewFraction) {
 		// A renewal may take at most what is left of the lease.
-		ctx, cancel := context.WithDeadline(context.Background(), held)
+		ctx, cancel := context.WithDeadline(detached(r.client), held)
 		start := time.Now()
 		err := h.store.Renew(ctx, r.key, r.token, l.lease)
 		cancel()

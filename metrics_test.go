@@ -2,6 +2,7 @@ package idempotency
 
 import (
 	"context"
+	"encoding/json"
 	"testing"
 	"time"
 
@@ -86,7 +87,11 @@ func TestDisableMetrics(t *testing.T) {
 	if h.metrics != nil {
 		t.Fatal("metrics on despite disable_metrics")
 	}
-	if _, ok := h.store.(*instrumented); ok {
+	tr, ok := h.store.(*traced)
+	if !ok {
+		t.Fatalf("store %T, want the traced store", h.store)
+	}
+	if _, ok := tr.Store.(*instrumented); ok {
 		t.Fatal("store instrumented despite disable_metrics")
 	}
 	before := count("new")
@@ -113,4 +118,44 @@ func TestMetricsCountTakeovers(t *testing.T) {
 	if got := testutil.ToFloat64(collectors.takeovers) - before; got != 1 {
 		t.Fatalf("a fresh key counted as a takeover")
 	}
+}
+
+// The store label is the store's name, as `caddy idempotency stores` lists
+// it: the one its config gives it, else its default name.
+func TestMetricsLabelStoresByName(t *testing.T) {
+	for _, tc := range []struct{ raw, label string }{
+		{`{"module":"memory","max_entries":9711,"name":"metrics test"}`, "metrics test"},
+		{`{"module":"memory","max_entries":9712}`, "memory (9712 records, 256MiB)"},
+	} {
+		h := provision(t, json.RawMessage(tc.raw), nil)
+		before := observations(t, tc.label, "acquire")
+		wantStatus(t, do(h, &backend{}, post("/m", "k", "x")), 201)
+		if got := observations(t, tc.label, "acquire") - before; got != 1 {
+			t.Errorf("%s: store_operation_duration_seconds{store=%q,operation=\"acquire\"} grew by %d, want 1", tc.raw, tc.label, got)
+		}
+	}
+}
+
+// observations is the count of the store operation histogram's series for
+// the store and operation.
+func observations(t *testing.T, storeLabel, operation string) uint64 {
+	t.Helper()
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(collectors.storeOps)
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["store"] == storeLabel && labels["operation"] == operation {
+				return m.GetHistogram().GetSampleCount()
+			}
+		}
+	}
+	return 0
 }

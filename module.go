@@ -241,12 +241,15 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 		h.store = instrument(s, storeName)
 	}
+	// Outermost, so that the metrics time the store alone.
+	h.store = traceStore(h.store, s, storeName)
 	return nil
 }
 
 // loadStore loads the store module that the StoreRaw field of holder (a
-// *Handler or an *App) configures, and returns it with its module's name,
-// which labels its metrics. what names the store in errors.
+// *Handler or an *App) configures, and returns it with the name it is
+// registered under (its module's name if it does not register), which
+// labels its metrics. what names the store in errors.
 func loadStore(ctx caddy.Context, holder any, what string) (store.Store, string, error) {
 	mod, err := ctx.LoadModule(holder, "StoreRaw")
 	if err != nil {
@@ -257,6 +260,9 @@ func loadStore(ctx caddy.Context, holder any, what string) (store.Store, string,
 		// a JSON config can name any module; a Caddyfile's is checked as
 		// it is parsed (unmarshalStore)
 		return nil, "", fmt.Errorf("module %T is not an idempotency store", mod)
+	}
+	if reg, ok := store.RegistrationOf(s); ok {
+		return s, reg.Name, nil
 	}
 	return s, mod.(caddy.Module).CaddyModule().ID.Name(), nil
 }

@@ -3,10 +3,14 @@ package idempotency
 import (
 	"context"
 	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+
+	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
 // notAStore is a module in the stores' namespace that is not a store, as a
@@ -53,4 +57,56 @@ func TestStoreModuleMustBeAStore(t *testing.T) {
 		}
 		cancel()
 	}
+}
+
+// Within one config a store name stands for one set of records: a name
+// given to stores that hold different records is a config error, not a
+// silent merge, and so are two names given to the same records. Stores
+// that share both share one registration.
+func TestStoreNamesInOneConfig(t *testing.T) {
+	site := func(a, b string) string {
+		return "{\n\tadmin off\n}\n:9700 {\n\thandle /a* {\n\t\tidempotency {\n\t\t\tstore memory {\n" + a +
+			"\n\t\t\t}\n\t\t}\n\t\trespond a\n\t}\n\thandle {\n\t\tidempotency {\n\t\t\tstore memory {\n" + b +
+			"\n\t\t\t}\n\t\t}\n\t\trespond b\n\t}\n}\n"
+	}
+	for _, tc := range []struct{ what, caddyfile, want string }{
+		{"one name, two tables", site("max_entries 9701\nname ledger", "max_entries 9702\nname ledger"),
+			"store name 'ledger' is already given to other records in this config (memory (970"},
+		{"one table, two names", site("max_entries 9703\nname ledger", "max_entries 9703\nname refunds"),
+			"the records of memory (9703 records, 256MiB) are already named 'ledger'"},
+		{"one table, a name and the default", site("max_entries 9704\nname ledger", "max_entries 9704"),
+			"the records of memory (9704 records, 256MiB) are already named 'ledger'"},
+		{"a name that is another table's default", site("max_entries 9705", "max_entries 9706\nname \"memory (9705 records, 256MiB)\""),
+			"store name 'memory (9705 records, 256MiB)' is already given to other records in this config"},
+		{"one table, one name", site("max_entries 9707\nname ledger", "max_entries 9707\nname ledger"), ""},
+		{"two tables, two names", site("max_entries 9708\nname ledger", "max_entries 9709\nname refunds"), ""},
+	} {
+		err := validateCaddyfile(t, tc.caddyfile)
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%s: %v", tc.what, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%s: error %v, want one containing %q", tc.what, err, tc.want)
+		}
+	}
+	for _, r := range store.Registered() {
+		if strings.Contains(r.Name, "(970") || r.Name == "ledger" || r.Name == "refunds" {
+			t.Errorf("%s is still registered after its config was validated", r.Name)
+		}
+	}
+}
+
+// validateCaddyfile adapts a Caddyfile and provisions it as one config,
+// without starting it, as `caddy validate` does.
+func validateCaddyfile(t *testing.T, in string) error {
+	t.Helper()
+	cfgJSON, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(in), nil)
+	if err != nil {
+		t.Fatalf("adapting %s: %v", in, err)
+	}
+	var cfg caddy.Config
+	if err := json.Unmarshal(cfgJSON, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	return caddy.Validate(&cfg)
 }

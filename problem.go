@@ -46,6 +46,10 @@ func newProblem(status int, anchor, title, detail string, retryAfter int) *probl
 var (
 	problemContentType = []string{"application/problem+json"}
 	noSniff            = []string{"nosniff"}
+	// noStore keeps every cache between the client and Caddy from keeping
+	// a refusal: a retry must reach the handler, which may answer it
+	// otherwise (the first request has ended, the store is back).
+	noStore = []string{"no-store"}
 )
 
 // answer sends p: as the problem+json body, or, when the server has
@@ -58,6 +62,7 @@ func (p *problem) answer(w http.ResponseWriter, r *http.Request, repl *caddy.Rep
 		repl.Set("http.idempotency.problem.title", p.title)
 		repl.Set("http.idempotency.problem.detail", p.detail)
 		repl.Set("http.idempotency.problem.body", string(p.body))
+		w.Header()["Cache-Control"] = noStore
 		if p.retryAfter != nil {
 			w.Header()["Retry-After"] = p.retryAfter
 		}
@@ -72,6 +77,7 @@ func (p *problem) write(w http.ResponseWriter) {
 	h["Content-Type"] = problemContentType
 	h["X-Content-Type-Options"] = noSniff
 	h["Content-Length"] = []string{strconv.Itoa(len(p.body))}
+	h["Cache-Control"] = noStore
 	if p.retryAfter != nil {
 		h["Retry-After"] = p.retryAfter
 	}

@@ -20,7 +20,7 @@ func (h *Handler) release(ctx context.Context, key store.Key, tok store.Token, w
 	if err != nil && !errors.Is(err, store.ErrNotOwner) {
 		h.logger.Warn("releasing the claim failed; retrying until the lease passes",
 			zap.String("key_hash", key.String()), zap.String("reason", why), zap.Error(err))
-		h.withdraw(key, tok)
+		h.withdraw(ctx, key, tok)
 	}
 }
 
@@ -32,9 +32,9 @@ func (h *Handler) release(ctx context.Context, key store.Key, tok store.Token, w
 // has answered twice (the second answer comes after the backlog that held
 // the claim) or the claim was removed. The token is unique to this
 // request, so a release can only ever remove this claim.
-func (h *Handler) withdraw(key store.Key, tok store.Token) {
+func (h *Handler) withdraw(ctx context.Context, key store.Key, tok store.Token) {
 	answered := 0
-	h.retryLater(func(ctx context.Context) error { return h.store.Release(ctx, key, tok) },
+	h.retryLater(ctx, func(ctx context.Context) error { return h.store.Release(ctx, key, tok) },
 		func(err error) bool {
 			if errors.Is(err, store.ErrNotOwner) {
 				answered++
@@ -46,10 +46,10 @@ func (h *Handler) withdraw(key store.Key, tok store.Token) {
 // completeLater keeps trying to store a response the store refused while
 // it was unavailable: until the lease passes, the claim is still this
 // request's, and storing it spares the retry a second execution.
-func (h *Handler) completeLater(key store.Key, c *store.Claim, rec *store.Record) {
+func (h *Handler) completeLater(ctx context.Context, key store.Key, c *store.Claim, rec *store.Record) {
 	kept := &store.Record{Status: rec.Status, Header: rec.Header.Clone(), Body: bytes.Clone(rec.Body),
 		Truncated: rec.Truncated, OutcomeUnknown: rec.OutcomeUnknown}
-	h.retryLater(func(ctx context.Context) error { return h.store.Complete(ctx, key, c, kept, time.Duration(h.TTL)) },
+	h.retryLater(ctx, func(ctx context.Context) error { return h.store.Complete(ctx, key, c, kept, time.Duration(h.TTL)) },
 		func(err error) bool {
 			switch {
 			case err == nil:
@@ -66,8 +66,9 @@ func (h *Handler) completeLater(key store.Key, c *store.Claim, rec *store.Record
 
 // retryLater calls op in the background, with a backoff from 100ms to 2s,
 // until settled says its answer settles the matter or the claim's lease
-// (which bounds what op can still change) has passed.
-func (h *Handler) retryLater(op func(context.Context) error, settled func(error) bool) {
+// (which bounds what op can still change) has passed. Each call's context
+// derives from parent, a request's detached context.
+func (h *Handler) retryLater(parent context.Context, op func(context.Context) error, settled func(error) bool) {
 	select {
 	case background <- struct{}{}:
 	default:
@@ -77,7 +78,7 @@ func (h *Handler) retryLater(op func(context.Context) error, settled func(error)
 	go func() {
 		defer func() { <-background }()
 		for pause := 100 * time.Millisecond; time.Now().Before(deadline); pause = min(2*pause, 2*time.Second) {
-			ctx, cancel := context.WithDeadline(context.Background(), deadline)
+			ctx, cancel := context.WithDeadline(parent, deadline)
 			err := op(ctx)
 			cancel()
 			if settled(err) {

@@ -77,6 +77,8 @@ func (h *Handler) wait(w http.ResponseWriter, r *http.Request, repl *caddy.Repla
 	h.metrics.waiter(1)
 	defer h.metrics.waiter(-1)
 	deadline := time.Now().Add(time.Duration(h.MaxWait))
+	// The polls' spans are the wait's children.
+	ctx, span := startSpan(r.Context(), "idempotency.wait", nil)
 	poll := minPoll
 	timer := time.NewTimer(poll)
 	defer timer.Stop()
@@ -86,25 +88,30 @@ func (h *Handler) wait(w http.ResponseWriter, r *http.Request, repl *caddy.Repla
 		case <-r.Context().Done():
 			// The client left; nothing ran for it, so nothing is lost.
 			unwatch()
+			endWait(span, "client_left")
 			h.setResult(repl, resultConflict)
 			return nil
 		case <-ended:
 		case <-timer.C:
 		}
 		unwatch()
-		rec, err := h.store.Acquire(r.Context(), key, c)
+		rec, err := h.store.Acquire(ctx, key, c)
 		switch {
 		case err != nil:
+			endWait(span, "store_error")
 			return h.acquireFailed(w, r, repl, next, key, c.Token, err)
 		case rec == nil:
+			endWait(span, "owner_released")
 			h.setResult(repl, resultNew)
 			h.claimed(key, c)
 			return h.execute(w, r, repl, next, key, c)
 		case rec.State != store.InProgress || !h.sameEndpoint(rec.Endpoint, c.Endpoint) || rec.Fingerprint != c.Fingerprint:
+			endWait(span, "owner_finished")
 			return h.answerFromRecord(w, r, repl, rec, c)
 		}
 		left := time.Until(deadline)
 		if left <= 0 {
+			endWait(span, "timeout")
 			return h.refuse(w, r, repl, resultConflict, h.problems.outstanding)
 		}
 		poll = min(2*poll, maxPoll, left)

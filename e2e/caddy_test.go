@@ -37,10 +37,17 @@ type caddyProc struct {
 // output is printed if the test failed.
 func startCaddy(t testing.TB, name, site string) *caddyProc {
 	t.Helper()
+	return startCaddyEnv(t, name, site, nil)
+}
+
+// startCaddyEnv is startCaddy with env (NAME=value) added to the
+// process's environment.
+func startCaddyEnv(t testing.TB, name, site string, env []string) *caddyProc {
+	t.Helper()
 	dir := t.TempDir()
 	// A port probed free may be taken before caddy binds it: try again.
 	for attempt := 1; ; attempt++ {
-		c, err := tryStartCaddy(t, dir, name, site, attempt)
+		c, err := tryStartCaddy(t, dir, name, site, env, attempt)
 		if err == nil {
 			return c
 		}
@@ -53,7 +60,7 @@ func startCaddy(t testing.TB, name, site string) *caddyProc {
 
 var errPortTaken = errors.New("address already in use")
 
-func tryStartCaddy(t testing.TB, dir, name, site string, attempt int) (*caddyProc, error) {
+func tryStartCaddy(t testing.TB, dir, name, site string, env []string, attempt int) (*caddyProc, error) {
 	t.Helper()
 	port, adminPort := freePort(t), freePort(t)
 	caddyfile := makeCaddyfile(port, adminPort, site)
@@ -82,6 +89,7 @@ func tryStartCaddy(t testing.TB, dir, name, site string, attempt int) (*caddyPro
 	c.cmd.Stdout, c.cmd.Stderr = logFile, logFile
 	c.cmd.Env = append(os.Environ(),
 		"HOME="+dir, "XDG_DATA_HOME="+filepath.Join(dir, "data"), "XDG_CONFIG_HOME="+filepath.Join(dir, "config"))
+	c.cmd.Env = append(c.cmd.Env, env...)
 	if err := c.cmd.Start(); err != nil {
 		t.Fatalf("running %s: %v", caddyBin, err)
 	}

@@ -40,11 +40,20 @@ func TestMetricsAndAdminCommand(t *testing.T) {
 		}
 	}
 
-	out, err := exec.Command(caddyBin, "idempotency", "inspect", "--address", admin, "--key", "ops-1").CombinedOutput()
+	// The default store's name reads as its config does.
+	out, err := exec.Command(caddyBin, "idempotency", "stores", "--address", admin).CombinedOutput()
+	if err != nil {
+		t.Fatalf("caddy idempotency stores: %v\n%s", err, out)
+	}
+	if lines := strings.Split(strings.TrimSpace(string(out)), "\n"); len(lines) != 2 || strings.Join(strings.Fields(lines[1]), " ") != "memory memory" {
+		t.Errorf("stores output, want the header and one memory store named memory:\n%s", out)
+	}
+
+	out, err = exec.Command(caddyBin, "idempotency", "inspect", "--address", admin, "--key", "ops-1").CombinedOutput()
 	if err != nil {
 		t.Fatalf("caddy idempotency inspect: %v\n%s", err, out)
 	}
-	for _, want := range []string{"completed", "POST", "/orders", "201"} {
+	for _, want := range []string{"store       memory\n", "completed", "POST", "/orders", "201"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("inspect output lacks %q:\n%s", want, out)
 		}

@@ -6,7 +6,7 @@
 // Every backend package is laid out alike: <name>.go is the module (its
 // config, Provision, Validate, Cleanup), caddyfile.go its Caddyfile
 // syntax, records.go the Store methods, inspect.go the Inspector methods
-// and its registry name, and each piece of machinery of its own has a file
+// and its default name, and each piece of machinery of its own has a file
 // named for it (the memory table, the file store's database, the SQL of
 // PostgreSQL, the Redis key names). Here, store.go is the contract,
 // codec.go the record encoding that the memory, file and Redis stores

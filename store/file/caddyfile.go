@@ -10,6 +10,7 @@ import (
 //
 //	file {
 //	    path <directory>
+//	    name <name>
 //	}
 //
 // Each option may be given once.
@@ -18,6 +19,8 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		switch opt {
 		case "path":
 			s.Path, err = cfarg.One(d, opt)
+		case "name":
+			s.Name, err = cfarg.One(d, opt)
 		default:
 			err = cfarg.Unrecognized(d, opt)
 		}

@@ -10,7 +10,10 @@ import (
 func TestUnmarshalCaddyfile(t *testing.T) {
 	for _, tc := range []struct {
 		in, want, wantErr string
+		wantName          string
 	}{
+		{in: "file {\n name local\n path /srv\n}", want: "/srv", wantName: "local"},
+		{in: "file {\n name\n}", wantErr: "name: expected a value"},
 		{in: `file`, want: ""},
 		{in: "file {\n path /var/lib/caddy/idem\n}", want: "/var/lib/caddy/idem"},
 		{in: "file {\n path {env.STATE_DIRECTORY}\n}", want: "{env.STATE_DIRECTORY}"},
@@ -28,8 +31,8 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 			}
 			continue
 		}
-		if err != nil || got.Path != tc.want {
-			t.Errorf("%q: got path %q, %v; want %q", tc.in, got.Path, err, tc.want)
+		if err != nil || got.Path != tc.want || got.Name != tc.wantName {
+			t.Errorf("%q: got path %q, name %q, %v; want %q, %q", tc.in, got.Path, got.Name, err, tc.want, tc.wantName)
 		}
 	}
 }

@@ -6,6 +6,7 @@
 package file
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"os"
@@ -26,6 +27,14 @@ const fileName = "idempotency.db"
 // locked by the Caddy process that opens it, so it cannot be shared by
 // several instances.
 type Store struct {
+	// Name is what operators call the store: `caddy idempotency stores`
+	// lists it, the admin API's store= and the command's --store choose
+	// it, and the metrics and traces carry it. Within one config, every
+	// store block for the same directory must have the same name, and
+	// different directories different names. Default: the directory, as
+	// in "file /var/lib/caddy/idempotency".
+	Name string `json:"name,omitempty"`
+
 	// Path is the directory that holds the database file, idempotency.db;
 	// it is created if missing. Placeholders such as {env.STATE_DIR} are
 	// resolved at provisioning. Default: the idempotency directory in
@@ -80,9 +89,10 @@ func (s *Store) Provision(ctx caddy.Context) error {
 		return err
 	}
 	s.db = val.(*database)
-	s.name = registryName(filepath.Join(dir, fileName))
-	store.Register(s.name, s)
-	return nil
+	records := defaultName(dir)
+	s.name = cmp.Or(s.Name, records)
+	// On error, Caddy's call of Cleanup gives the database back.
+	return store.Register(ctx.Context, store.Registration{Name: s.name, Module: "file", Store: s}, records)
 }
 
 // Validate checks that the store was provisioned.

@@ -10,9 +10,10 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
-// registryName is the database file, which alone decides what records a
-// store sees.
-func registryName(path string) string { return "file:" + path }
+// defaultName names the directory of the database file, which alone
+// decides what records a store sees, as an absolute path without symbolic
+// links, as in "file /var/lib/caddy/idempotency".
+func defaultName(dir string) string { return "file " + dir }
 
 // Lookup reads key's live record and its expiry in a read-only
 // transaction.

@@ -33,7 +33,7 @@ func TestRegistered(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	name := "file:" + filepath.Join(real, fileName)
+	name := "file " + real
 	if got := storetest.Registered(name); got != a {
 		t.Fatalf("registered %v under %s, want the store", got, name)
 	}
@@ -45,6 +45,12 @@ func TestRegistered(t *testing.T) {
 	b.Cleanup()
 	if got := storetest.Registered(name); got != nil {
 		t.Fatalf("registered %v after every cleanup, want none", got)
+	}
+
+	// A given name replaces the default one.
+	named := storetest.Provision(t, &Store{Name: "orders", Path: dir})
+	if got := storetest.Registered("orders"); got != named {
+		t.Fatalf("registered %v under orders, want the named store", got)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 //	memory {
 //	    max_entries <n>
 //	    max_bytes   <size>
+//	    name        <name>
 //	}
 //
 // Each option may be given once.
@@ -23,6 +24,8 @@ func (m *Memory) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			// The table adds sizes to max_bytes' worth of records: keep
 			// the sum far from overflowing.
 			m.MaxBytes, err = cfarg.Size(d, opt, 1<<62)
+		case "name":
+			m.Name, err = cfarg.One(d, opt)
 		default:
 			err = cfarg.Unrecognized(d, opt)
 		}

@@ -15,6 +15,9 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 	}{
 		{in: `memory`, want: Memory{}},
 		{in: "memory {\n max_entries 10\n max_bytes 1MiB\n}", want: Memory{MaxEntries: 10, MaxBytes: 1 << 20}},
+		{in: "memory {\n name \"local cache\"\n}", want: Memory{Name: "local cache"}},
+		{in: "memory {\n name\n}", wantErr: "name: expected a value"},
+		{in: "memory {\n name a\n name b\n}", wantErr: "name already specified"},
 		{in: `memory extra`, wantErr: "unexpected argument 'extra'"},
 		{in: "memory {\n max_entries -1\n}", wantErr: "max_entries: '-1' is not a positive integer"},
 		{in: "memory {\n max_bytes lots\n}", wantErr: "max_bytes: invalid size 'lots'"},
@@ -29,7 +32,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 			}
 			continue
 		}
-		if err != nil || got.MaxEntries != tc.want.MaxEntries || got.MaxBytes != tc.want.MaxBytes {
+		if err != nil || got.MaxEntries != tc.want.MaxEntries || got.MaxBytes != tc.want.MaxBytes || got.Name != tc.want.Name {
 			t.Errorf("%q: got %+v, %v; want %+v", tc.in, got, err, tc.want)
 		}
 	}

@@ -8,10 +8,27 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
-// registryName is the registry name of the table a store with these limits uses:
-// every store with the same limits shares one table.
-func registryName(maxEntries int, maxBytes int64) string {
-	return fmt.Sprintf("memory:%d/%d", maxEntries, maxBytes)
+// defaultName names the table with these limits: "memory" for the default
+// ones, else the limits as the Caddyfile would write them, exactly, so that
+// different tables never share a name.
+func defaultName(maxEntries int, maxBytes int64) string {
+	if maxEntries == defaultMaxEntries && maxBytes == defaultMaxBytes {
+		return "memory"
+	}
+	return fmt.Sprintf("memory (%d records, %s)", maxEntries, exactSize(maxBytes))
+}
+
+// exactSize writes n bytes in the largest binary unit that divides it.
+func exactSize(n int64) string {
+	for _, u := range []struct {
+		shift uint
+		unit  string
+	}{{40, "TiB"}, {30, "GiB"}, {20, "MiB"}, {10, "KiB"}} {
+		if n >= 1<<u.shift && n%(1<<u.shift) == 0 {
+			return fmt.Sprintf("%d%s", n>>u.shift, u.unit)
+		}
+	}
+	return fmt.Sprintf("%dB", n)
 }
 
 // Lookup returns key's live record, decoded, and its expiry.

@@ -16,7 +16,7 @@ func TestInspector(t *testing.T) {
 // Every config with the same limits shares a table, so they share a name,
 // registered until the last of them is cleaned up.
 func TestRegistered(t *testing.T) {
-	const name = "memory:4243/268435456"
+	const name = "memory (4243 records, 256MiB)"
 	a := storetest.Provision(t, &Memory{MaxEntries: 4243})
 	if got := storetest.Registered(name); got != a {
 		t.Fatalf("registered %v under %s, want the store", got, name)
@@ -60,5 +60,29 @@ func TestInFlightOldestFirst(t *testing.T) {
 	}
 	if !got[0].ExpiresAt.Equal(base.Add(time.Hour)) {
 		t.Fatalf("listed expiry %v, want %v", got[0].ExpiresAt, base.Add(time.Hour))
+	}
+}
+
+// Default names read as the limits are written; every pair of limits has a
+// name of its own; a given name replaces the default.
+func TestNames(t *testing.T) {
+	for _, tc := range []struct {
+		m    Memory
+		want string
+	}{
+		{Memory{}, "memory"},
+		{Memory{MaxEntries: defaultMaxEntries, MaxBytes: defaultMaxBytes}, "memory"},
+		{Memory{MaxEntries: 5000}, "memory (5000 records, 256MiB)"},
+		{Memory{MaxBytes: 1 << 30}, "memory (100000 records, 1GiB)"},
+		{Memory{MaxBytes: 3 << 40}, "memory (100000 records, 3TiB)"},
+		{Memory{MaxBytes: 1536 << 10}, "memory (100000 records, 1536KiB)"},
+		{Memory{MaxBytes: 1000000}, "memory (100000 records, 1000000B)"},
+		{Memory{MaxEntries: 4245, Name: "local cache"}, "local cache"},
+	} {
+		m := storetest.Provision(t, &tc.m)
+		if got := storetest.Registered(tc.want); got != m {
+			t.Errorf("%+v: registered %v under %q, want the store", tc.m, got, tc.want)
+		}
+		m.Cleanup()
 	}
 }

@@ -4,6 +4,7 @@
 package memory
 
 import (
+	"cmp"
 	"fmt"
 
 	"github.com/caddyserver/caddy/v2"
@@ -27,6 +28,15 @@ var tables = caddy.NewUsagePool()
 // Memory keeps idempotency records in the Caddy process. When full, the
 // oldest completed records are evicted first; in-flight claims never are.
 type Memory struct {
+	// Name is what operators call the store: `caddy idempotency stores`
+	// lists it, the admin API's store= and the command's --store choose
+	// it, and the metrics and traces carry it. Within one config, every
+	// store block for the same limits (one table) must have the same name,
+	// and different tables different names. Default: "memory" for the
+	// default limits, else the limits, as in "memory (5000 records,
+	// 64MiB)".
+	Name string `json:"name,omitempty"`
+
 	// MaxEntries bounds the number of records kept. Default: 100000.
 	MaxEntries int `json:"max_entries,omitempty"`
 	// MaxBytes bounds the memory that stored responses may use, in bytes.
@@ -48,7 +58,7 @@ func (Memory) CaddyModule() caddy.ModuleInfo {
 
 // Provision sets defaults and attaches to the process-wide table with the
 // same limits, creating it if this is the first config to use it.
-func (m *Memory) Provision(caddy.Context) error {
+func (m *Memory) Provision(ctx caddy.Context) error {
 	if m.MaxEntries == 0 {
 		m.MaxEntries = defaultMaxEntries
 	}
@@ -64,9 +74,10 @@ func (m *Memory) Provision(caddy.Context) error {
 		return err
 	}
 	m.tab = val.(*table)
-	m.name = registryName(m.MaxEntries, m.MaxBytes)
-	store.Register(m.name, m)
-	return nil
+	records := defaultName(m.MaxEntries, m.MaxBytes)
+	m.name = cmp.Or(m.Name, records)
+	// On error, Caddy's call of Cleanup gives the table back.
+	return store.Register(ctx.Context, store.Registration{Name: m.name, Module: "memory", Store: m}, records)
 }
 
 // Validate checks the limits.

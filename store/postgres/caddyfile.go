@@ -14,6 +14,7 @@ import (
 //	    schema       <name>
 //	    max_conns    <number>
 //	    create_table on|off
+//	    name         <name>
 //	}
 //
 // Each option may be given once; dsn is required.
@@ -34,6 +35,8 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				on := v == "on"
 				s.CreateTable = &on
 			}
+		case "name":
+			s.Name, err = cfarg.One(d, opt)
 		default:
 			err = cfarg.Unrecognized(d, opt)
 		}

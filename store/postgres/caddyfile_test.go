@@ -20,6 +20,8 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 			want: Store{DSN: "host=db user=app", Table: "keys", Schema: "app", MaxConns: 8, CreateTable: &off},
 		},
 		{in: "postgres {\n dsn x\n create_table on\n}", want: Store{DSN: "x", CreateTable: &on}},
+		{in: "postgres {\n dsn x\n name \"orders db\"\n}", want: Store{Name: "orders db", DSN: "x"}},
+		{in: "postgres {\n dsn x\n name\n}", wantErr: "name: expected a value"},
 		{in: `postgres`, wantErr: "dsn: a connection string is required"},
 		{in: `postgres postgres://db`, wantErr: "unexpected argument 'postgres://db'"},
 		{in: "postgres {\n dsn\n}", wantErr: "dsn: expected a value"},

@@ -12,9 +12,10 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
-// registryName identifies the table a store uses: the server, the
-// database, the schema and the table, never the user or the password.
-func registryName(cfg *pgxpool.Config, schema, table string) string {
+// defaultName names the table a store uses: the server, the database, the
+// schema and the table, never the user or the password, as in
+// "postgres 127.0.0.1:5432/app public.idempotency_keys".
+func defaultName(cfg *pgxpool.Config, schema, table string) string {
 	name := table
 	if schema == "" {
 		// The table is the first of the search_path's that has it; a DSN
@@ -25,7 +26,7 @@ func registryName(cfg *pgxpool.Config, schema, table string) string {
 		name = schema + "." + table
 	}
 	host := cfg.ConnConfig.Host + ":" + strconv.Itoa(int(cfg.ConnConfig.Port))
-	return "postgres:" + host + "/" + cfg.ConnConfig.Database + "/" + name
+	return "postgres " + host + "/" + cfg.ConnConfig.Database + " " + name
 }
 
 // Lookup reads key's live row, with its expiry from the database's clock.

@@ -39,12 +39,12 @@ func TestInspectorCreatesTable(t *testing.T) {
 	}
 }
 
-func TestRegistryName(t *testing.T) {
+func TestNames(t *testing.T) {
 	table := newTable()
 	s := storetest.Provision(t, &Store{DSN: shared.DSN(), Table: table, Schema: "public"})
 	_, port, _ := net.SplitHostPort(shared.Addr())
-	if !strings.HasPrefix(s.name, "postgres:") || !strings.HasSuffix(s.name, "/public."+table) || !strings.Contains(s.name, ":"+port+"/") {
-		t.Fatalf("name %q, want postgres:<host>:%s/<database>/public.%s", s.name, port, table)
+	if !strings.HasPrefix(s.name, "postgres ") || !strings.HasSuffix(s.name, " public."+table) || !strings.Contains(s.name, ":"+port+"/") {
+		t.Fatalf("name %q, want postgres <host>:%s/<database> public.%s", s.name, port, table)
 	}
 	found := false
 	for _, r := range store.Registered() {
@@ -64,12 +64,18 @@ func TestRegistryName(t *testing.T) {
 	// port 1, and with create_table off nothing tries to connect.)
 	off := false
 	secret := storetest.Provision(t, &Store{DSN: "postgres://alice:s3cret@127.0.0.1:1/app?sslmode=disable", Table: table, CreateTable: &off})
-	if want := "postgres:127.0.0.1:1/app/" + table; secret.name != want {
+	if want := "postgres 127.0.0.1:1/app " + table; secret.name != want {
 		t.Fatalf("name %q, want %q", secret.name, want)
 	}
 	withPath := storetest.Provision(t, &Store{DSN: "host=127.0.0.1 port=1 dbname=app password=s3cret search_path=tenant1", Table: table, CreateTable: &off})
-	if want := "postgres:127.0.0.1:1/app/tenant1." + table; withPath.name != want {
+	if want := "postgres 127.0.0.1:1/app tenant1." + table; withPath.name != want {
 		t.Fatalf("name %q, want %q", withPath.name, want)
+	}
+
+	// A given name replaces the default one.
+	named := storetest.Provision(t, &Store{Name: "orders", DSN: "postgres://alice:s3cret@127.0.0.1:1/app?sslmode=disable", Table: table, CreateTable: &off})
+	if got := storetest.Registered("orders"); got != named {
+		t.Fatalf("registered %v under orders, want the named store", got)
 	}
 }
 

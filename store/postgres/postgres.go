@@ -44,6 +44,14 @@ const (
 // Store keeps idempotency records in a PostgreSQL table, so that every Caddy
 // instance that uses the same database shares them.
 type Store struct {
+	// Name is what operators call the store: `caddy idempotency stores`
+	// lists it, the admin API's store= and the command's --store choose
+	// it, and the metrics and traces carry it. Within one config, every
+	// store block for the same table must have the same name, and
+	// different tables different names. Default: the server, database and
+	// table, as in "postgres 127.0.0.1:5432/app idempotency_keys".
+	Name string `json:"name,omitempty"`
+
 	// DSN is the connection string, as a URL
 	// (postgres://user:password@host:5432/db?sslmode=verify-full) or as
 	// keyword=value pairs. Use a placeholder such as {env.DATABASE_URL} to
@@ -126,9 +134,10 @@ func (s *Store) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("creating postgres pool: %w", err)
 	}
 	s.db = val.(*database)
-	s.name = registryName(cfg, s.schema, s.table)
-	store.Register(s.name, s)
-	return nil
+	records := defaultName(cfg, s.schema, s.table)
+	s.name = cmp.Or(s.Name, records)
+	// On error, Caddy's call of Cleanup gives the pool back.
+	return store.Register(ctx.Context, store.Registration{Name: s.name, Module: "postgres", Store: s}, records)
 }
 
 // databaseKey identifies the pool options without revealing them: the DSN
@@ -173,8 +182,8 @@ func (s *Store) Cleanup() error {
 // It has a value receiver so that printing a Store value is redacted too.
 func (s Store) String() string {
 	create := s.CreateTable == nil || *s.CreateTable
-	return fmt.Sprintf("postgres{dsn=%q schema=%q table=%q max_conns=%d create_table=%t}",
-		redactDSN(s.DSN), s.Schema, s.Table, s.MaxConns, create)
+	return fmt.Sprintf("postgres{name=%q dsn=%q schema=%q table=%q max_conns=%d create_table=%t}",
+		s.Name, redactDSN(s.DSN), s.Schema, s.Table, s.MaxConns, create)
 }
 
 // GoString keeps %#v from printing the password.

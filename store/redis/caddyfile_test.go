@@ -29,8 +29,9 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 			read_timeout 1s
 			write_timeout 2s
 			pool_size 20
+			name "orders (eu)"
 		}`, Store{
-			Addresses: []string{"10.0.0.1:6379", "10.0.0.2:6379", "10.0.0.3:6379"}, MasterName: "mymaster",
+			Name: "orders (eu)", Addresses: []string{"10.0.0.1:6379", "10.0.0.2:6379", "10.0.0.3:6379"}, MasterName: "mymaster",
 			Username: "idem", Password: "{env.REDIS_PASSWORD}", DB: 3, KeyPrefix: "shop", TLS: true,
 			DialTimeout: caddy.Duration(500 * time.Millisecond), ReadTimeout: caddy.Duration(time.Second),
 			WriteTimeout: caddy.Duration(2 * time.Second), PoolSize: 20,
@@ -57,6 +58,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 		{"redis {\n password\n}", "password: expected a value"},
 		{"redis {\n username a b\n}", "username: unexpected extra argument 'b'"},
 		{"redis {\n tls yes\n}", "tls: unexpected argument 'yes'"},
+		{"redis {\n name a b\n}", "name: unexpected extra argument 'b'"},
 		{"redis {\n dial_timeout soon\n}", "dial_timeout: invalid duration 'soon'"},
 		{"redis {\n read_timeout -1s\n}", "read_timeout: invalid duration '-1s'"},
 		{"redis {\n write_timeout\n}", "write_timeout"},

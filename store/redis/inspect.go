@@ -25,16 +25,22 @@ const (
 	peekLen = 1024
 )
 
-// registryName identifies the records this store sees: the servers, the
-// database and the key prefix, never the credentials.
-func (s *Store) registryName() string {
+// defaultName names the records this store sees, never the credentials:
+// the servers (a single node's address, a Cluster's seeds, a Sentinel
+// master and its Sentinels), the database and the key prefix, as in
+// "redis 127.0.0.1:6379 db 0 prefix idempotency".
+func (s *Store) defaultName() string {
 	addrs := slices.Clone(s.opts.Addrs)
 	slices.Sort(addrs)
 	where := strings.Join(addrs, ",")
-	if s.opts.MasterName != "" {
-		where = s.opts.MasterName + "@" + where
+	switch {
+	case s.opts.MasterName != "":
+		where = s.opts.MasterName + " (sentinels " + where + ")"
+	case len(addrs) > 1:
+		// A Cluster has only database 0.
+		return "redis cluster " + where + " prefix " + s.prefix
 	}
-	return "redis:" + where + "/" + strconv.Itoa(s.opts.DB) + "/" + s.prefix
+	return "redis " + where + " db " + strconv.Itoa(s.opts.DB) + " prefix " + s.prefix
 }
 
 // Lookup reads key's record and its remaining time to live in one MULTI.

@@ -99,10 +99,10 @@ func TestInFlightScan(t *testing.T) {
 	}
 }
 
-func TestRegistryName(t *testing.T) {
+func TestNames(t *testing.T) {
 	srv := testredis.Start(t)
 	s := storetest.Provision(t, &Store{Addresses: []string{srv.Addr()}, Password: "hunter2", DB: 3})
-	want := "redis:" + srv.Addr() + "/3/idempotency"
+	want := "redis " + srv.Addr() + " db 3 prefix idempotency"
 	if s.name != want {
 		t.Fatalf("name %q, want %q", s.name, want)
 	}
@@ -124,7 +124,17 @@ func TestRegistryName(t *testing.T) {
 	}
 
 	sentinel := &Store{opts: goredis.UniversalOptions{Addrs: []string{"s2:26379", "s1:26379"}, MasterName: "mymaster", DB: 2}, prefix: "app"}
-	if got, want := sentinel.registryName(), "redis:mymaster@s1:26379,s2:26379/2/app"; got != want {
+	if got, want := sentinel.defaultName(), "redis mymaster (sentinels s1:26379,s2:26379) db 2 prefix app"; got != want {
 		t.Fatalf("Sentinel name %q, want %q", got, want)
+	}
+	cluster := &Store{opts: goredis.UniversalOptions{Addrs: []string{"c2:7001", "c1:7000"}}, prefix: "idempotency"}
+	if got, want := cluster.defaultName(), "redis cluster c1:7000,c2:7001 prefix idempotency"; got != want {
+		t.Fatalf("Cluster name %q, want %q", got, want)
+	}
+
+	// A given name replaces the default one.
+	named := storetest.Provision(t, &Store{Name: "orders", Addresses: []string{srv.Addr()}, DB: 3})
+	if got := storetest.Registered("orders"); got != named {
+		t.Fatalf("registered %v under orders, want the named store", got)
 	}
 }

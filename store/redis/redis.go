@@ -40,6 +40,15 @@ const (
 // Store keeps idempotency records in Redis: a single node, a Sentinel
 // group or a Cluster.
 type Store struct {
+	// Name is what operators call the store: `caddy idempotency stores`
+	// lists it, the admin API's store= and the command's --store choose
+	// it, and the metrics and traces carry it. Within one config, every
+	// store block for the same records (servers, database and key prefix)
+	// must have the same name, and different records different names.
+	// Default: the servers, database and key prefix, as in
+	// "redis 127.0.0.1:6379 db 0 prefix idempotency".
+	Name string `json:"name,omitempty"`
+
 	// Addresses of the Redis servers as host:port. One address is a single
 	// node; several are the seeds of a Cluster, or the Sentinels when
 	// master_name is set. Default: 127.0.0.1:6379.
@@ -165,8 +174,11 @@ func (s *Store) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("creating redis client: %w", err)
 	}
 	s.client = val.(sharedClient).UniversalClient
-	s.name = s.registryName()
-	store.Register(s.name, s)
+	records := s.defaultName()
+	s.name = cmp.Or(s.Name, records)
+	if err := store.Register(ctx.Context, store.Registration{Name: s.name, Module: "redis", Store: s}, records); err != nil {
+		return err // Caddy's call of Cleanup gives the client back
+	}
 	if !loaded {
 		pingCtx, cancel := context.WithTimeout(ctx, provisionPing)
 		defer cancel()
