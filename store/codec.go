@@ -21,10 +21,14 @@ import (
 //	18:50  fingerprint
 //	50:58  created at, Unix nanoseconds, big endian
 //	58:60  status, big endian
-//	60     flags (bit 0: truncated)
-//	61:    uvarint-prefixed endpoint, uvarint header count, then per header
+//	60     flags (bit 0: truncated; bit 2: expiry follows)
+//	61:69  with bit 2 only: expires at, Unix nanoseconds, big endian
+//	then   uvarint-prefixed endpoint, uvarint header count, then per header
 //	       a prefixed name, a value count and prefixed values; the body is
 //	       the rest.
+//
+// Records written before the expiry existed lack bit 2 and decode with a
+// zero ExpiresAt.
 //
 // The first OwnerLen bytes (magic, state, token) are the owner prefix.
 const (
@@ -38,6 +42,8 @@ const (
 	fixedLen       = flagsOff + 1
 
 	flagTruncated = 1
+	flagExpires   = 4
+	expiresLen    = 8
 )
 
 // OwnerLen is the length of the owner prefix that starts every record: its
@@ -84,6 +90,15 @@ func (b Encoded) CreatedAt() time.Time {
 	return time.Unix(0, int64(binary.BigEndian.Uint64(b[createdOff:statusOff])))
 }
 
+// ExpiresAt is when the record expires, as its writer noted it; zero if b
+// is not a record or carries no expiry.
+func (b Encoded) ExpiresAt() time.Time {
+	if !b.hasHead() || b[flagsOff]&flagExpires == 0 || len(b) < fixedLen+expiresLen {
+		return time.Time{}
+	}
+	return time.Unix(0, int64(binary.BigEndian.Uint64(b[fixedLen:])))
+}
+
 // ErrCorrupt is returned by DecodeRecord for bytes it did not write.
 var ErrCorrupt = errors.New("corrupt idempotency record")
 
@@ -98,7 +113,13 @@ func AppendRecord(dst []byte, rec *Record) []byte {
 	if rec.Truncated {
 		flags |= flagTruncated
 	}
+	if !rec.ExpiresAt.IsZero() {
+		flags |= flagExpires
+	}
 	dst = append(dst, flags)
+	if flags&flagExpires != 0 {
+		dst = binary.BigEndian.AppendUint64(dst, uint64(rec.ExpiresAt.UnixNano()))
+	}
 	dst = appendString(dst, rec.Endpoint)
 	dst = binary.AppendUvarint(dst, uint64(len(rec.Header)))
 	for name, values := range rec.Header {
@@ -126,7 +147,8 @@ func AppendClaim(dst []byte, c *Claim, now time.Time) []byte {
 
 // AppendCompleted appends the encoding of the completed record that
 // replaces the claim c: c's binding (token, endpoint, fingerprint, creation
-// time) with the response in rec (Status, Header, Body, Truncated).
+// time) with the response in rec (Status, Header, Body, Truncated) and its
+// expiry, rec.ExpiresAt, if set.
 func AppendCompleted(dst []byte, c *Claim, rec *Record) []byte {
 	return AppendRecord(grow(dst, encodedLen(c.Endpoint, rec)), &Record{
 		State:       Completed,
@@ -138,6 +160,7 @@ func AppendCompleted(dst []byte, c *Claim, rec *Record) []byte {
 		Header:      rec.Header,
 		Body:        rec.Body,
 		Truncated:   rec.Truncated,
+		ExpiresAt:   rec.ExpiresAt,
 	})
 }
 
@@ -158,6 +181,9 @@ func encodedLen(endpoint string, rec *Record) int {
 		return n + uvarintLen(0)
 	}
 	n += uvarintLen(len(rec.Header)) + len(rec.Body)
+	if !rec.ExpiresAt.IsZero() {
+		n += expiresLen
+	}
 	for name, values := range rec.Header {
 		n += prefixed(len(name)) + uvarintLen(len(values))
 		for _, v := range values {
@@ -191,9 +217,17 @@ func DecodeRecord(b []byte) (*Record, error) {
 	rec.CreatedAt = Encoded(b).CreatedAt()
 	rec.Status = int(binary.BigEndian.Uint16(b[statusOff:flagsOff]))
 	rec.Truncated = b[flagsOff]&flagTruncated != 0
+	start := fixedLen
+	if b[flagsOff]&flagExpires != 0 {
+		if len(b) < fixedLen+expiresLen {
+			return nil, ErrCorrupt
+		}
+		rec.ExpiresAt = Encoded(b).ExpiresAt()
+		start += expiresLen
+	}
 
 	// Validate, and size the shared string and value slice.
-	d := decoder{b: b[fixedLen:]}
+	d := decoder{b: b[start:]}
 	text := len(d.bytes())
 	headers := d.count()
 	values := 0
@@ -216,7 +250,7 @@ func DecodeRecord(b []byte) (*Record, error) {
 	// so String does not copy them again.
 	var sb strings.Builder
 	sb.Grow(text)
-	d = decoder{b: b[fixedLen:]}
+	d = decoder{b: b[start:]}
 	sb.Write(d.bytes())
 	for range d.count() {
 		sb.Write(d.bytes())
@@ -227,7 +261,7 @@ func DecodeRecord(b []byte) (*Record, error) {
 	all := sb.String()
 
 	// Then slice it, walking the same fields again.
-	d = decoder{b: b[fixedLen:]}
+	d = decoder{b: b[start:]}
 	next := func() string {
 		n := len(d.bytes())
 		s := all[:n]

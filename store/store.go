@@ -97,6 +97,10 @@ type Record struct {
 	// Truncated marks a completed request whose response exceeded the
 	// handler's max_response_body: it ran, but cannot be replayed.
 	Truncated bool
+	// ExpiresAt is when a completed record expires, by the clock of the
+	// instance that completed it, if its store wrote it into the record
+	// (the Redis store does, for its local tier); zero otherwise.
+	ExpiresAt time.Time
 }
 
 // Claim describes the request that wants to own a key.
