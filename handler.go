@@ -175,7 +175,7 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, next caddyhttp
 // finish stores the response of a claimed request, or releases the claim
 // when a retry should run the request anew.
 func (h *Handler) finish(key store.Key, c *store.Claim, rw *recorder, handlerErr error, aborted bool) {
-	defer finished.done(key)
+	defer store.SignalEnd(key)
 	// The client's context is not used: its response is being stored for
 	// its retry whether or not it stayed. Each store bounds its own calls.
 	ctx := context.Background()
