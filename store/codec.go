@@ -60,6 +60,10 @@ func AppendOwner(dst []byte, token Token) []byte {
 	return append(dst, token[:]...)
 }
 
+// StatePrefix is how every record in state s starts: its magic and state
+// byte, so that a script tells a record's state with one compare.
+func StatePrefix(s State) []byte { return []byte{magic, byte(s)} }
+
 // Encoded is a record as AppendRecord writes it. Its methods read the fixed
 // head alone, for stores that check a claim's owner or list claims without
 // decoding whole records. Bytes too short to hold the head, or without the

@@ -20,6 +20,7 @@ import (
 //	    read_timeout  <duration>
 //	    write_timeout <duration>
 //	    pool_size    <number>
+//	    local_cache  <size>
 //	}
 //
 // address may be repeated; every other option may be given once.
@@ -51,6 +52,8 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			s.ReadTimeout, err = cfarg.Duration(d, opt, false)
 		case "write_timeout":
 			s.WriteTimeout, err = cfarg.Duration(d, opt, false)
+		case "local_cache":
+			s.LocalCache, err = cfarg.Size(d, opt, 1<<62)
 		default:
 			err = cfarg.Unrecognized(d, opt)
 		}

@@ -14,7 +14,9 @@ import (
 // The scripts check "in progress and owned by this token" with one compare
 // of a GETRANGE, whatever the size of the record: ARGV[1] is the claim's
 // owner prefix (store.AppendOwner), and its length is how much of the
-// record they read.
+// record they read. KEYS[2] is the key's watched mark (markKey): the
+// completion and release scripts delete it and add 1 to their answer if
+// it was there, so that the end is announced only when someone waits.
 //
 // complete swaps an owned claim for the completed record ARGV[2], which
 // the handler encodes whole (the claim's binding included), so the script
@@ -26,7 +28,7 @@ var completeScript = goredis.NewScript(`
 local head = redis.call('GETRANGE', KEYS[1], 0, #ARGV[1] - 1)
 if head == ARGV[1] then
 	redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-	return 1
+	return 1 + redis.call('DEL', KEYS[2])
 end
 if head == string.sub(ARGV[2], 1, #ARGV[1]) then return 1 end
 return 0
@@ -34,7 +36,7 @@ return 0
 
 var releaseScript = goredis.NewScript(`
 if redis.call('GETRANGE', KEYS[1], 0, #ARGV[1] - 1) ~= ARGV[1] then return 0 end
-return redis.call('DEL', KEYS[1])
+return redis.call('DEL', KEYS[1], KEYS[2])
 `)
 
 var renewScript = goredis.NewScript(`
@@ -64,8 +66,17 @@ var now = time.Now
 
 // Acquire claims key with SET NX GET: one command that either stores the
 // claim or returns the live record, which Redis expires by itself when the
-// lease or the TTL passes.
+// lease or the TTL passes. With a local tier, a completed record found
+// there is answered without asking Redis, and one that Redis returns is
+// kept there.
 func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (*store.Record, error) {
+	var version uint64
+	if s.tier != nil {
+		if blob := s.tier.Get(key); blob != nil {
+			return decode(blob)
+		}
+		version = s.tier.Version()
+	}
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	// c.TookOver stays false: a claim's key carries its lease as a TTL, so
@@ -85,52 +96,95 @@ func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (*st
 	if err != nil {
 		return nil, store.Unavailable("acquiring", err)
 	}
-	rec, err := store.DecodeRecord(old)
+	rec, err := decode(old)
 	if err != nil {
-		return nil, store.Unavailable("decoding record", err)
+		return nil, err
 	}
 	// go-redis retries a command whose reply was lost; the record found may
 	// then be this very claim, stored by the first attempt.
 	if rec.State == store.InProgress && rec.Token == c.Token {
 		return nil, nil
 	}
+	if s.tier != nil && rec.State == store.Completed {
+		// old is the command's own copy, which rec's body aliases and
+		// nothing writes to.
+		s.tier.Put(key, old, version)
+	}
 	return rec, nil
 }
 
-// Complete stores rec in place of the claim c, for ttl.
+func decode(b []byte) (*store.Record, error) {
+	rec, err := store.DecodeRecord(b)
+	if err != nil {
+		return nil, store.Unavailable("decoding record", err)
+	}
+	return rec, nil
+}
+
+// Complete stores rec in place of the claim c, for ttl. The record carries
+// its expiry, by this instance's clock, for the local tiers of every
+// instance: Redis's own TTL starts a little later, when the script runs, so
+// a tier never keeps a record longer than Redis does unless clocks differ.
 func (s *Store) Complete(ctx context.Context, key store.Key, c *store.Claim, rec *store.Record, ttl time.Duration) error {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	buf := getBuffer()
-	defer putBuffer(buf)
-	*buf = store.AppendCompleted((*buf)[:0], c, rec)
-	return s.owned(completeScript.Run(ctx, s.client, []string{s.key(key)}, owner(c.Token), *buf, millis(ttl)), "completing")
+	done := *rec
+	done.ExpiresAt = now().Add(ttl)
+	var blob []byte
+	var version uint64
+	if s.tier != nil {
+		// Encoded at its exact size, to be kept by the tier.
+		version = s.tier.Version()
+		blob = store.AppendCompleted(nil, c, &done)
+	} else {
+		buf := getBuffer()
+		defer putBuffer(buf)
+		*buf = store.AppendCompleted((*buf)[:0], c, &done)
+		blob = *buf
+	}
+	watched, err := s.owned(completeScript.Run(ctx, s.client, []string{s.key(key), s.markKey(key)}, owner(c.Token), blob, millis(ttl)), "completing")
+	if err != nil {
+		return err
+	}
+	if s.tier != nil {
+		s.tier.Put(key, blob, version)
+	}
+	if watched {
+		_ = s.announce(ctx, eventEnded, key)
+	}
+	return nil
 }
 
 // Release deletes the claim held by token.
 func (s *Store) Release(ctx context.Context, key store.Key, token store.Token) error {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	return s.owned(releaseScript.Run(ctx, s.client, []string{s.key(key)}, owner(token)), "releasing")
+	watched, err := s.owned(releaseScript.Run(ctx, s.client, []string{s.key(key), s.markKey(key)}, owner(token)), "releasing")
+	if watched {
+		_ = s.announce(ctx, eventEnded, key)
+	}
+	return err
 }
 
 // Renew sets the lease of the claim held by token to lease from now.
 func (s *Store) Renew(ctx context.Context, key store.Key, token store.Token, lease time.Duration) error {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	return s.owned(renewScript.Run(ctx, s.client, []string{s.key(key)}, owner(token), millis(lease)), "renewing")
+	_, err := s.owned(renewScript.Run(ctx, s.client, []string{s.key(key)}, owner(token), millis(lease)), "renewing")
+	return err
 }
 
-// owned turns a script's 0 or 1 into ErrNotOwner or success.
-func (s *Store) owned(cmd *goredis.Cmd, op string) error {
+// owned turns a script's 0 into ErrNotOwner; 2 means that it deleted a
+// watched mark: someone waits for the claim's end.
+func (s *Store) owned(cmd *goredis.Cmd, op string) (watched bool, err error) {
 	n, err := cmd.Int64()
 	switch {
 	case err != nil:
-		return store.Unavailable(op, err)
+		return false, store.Unavailable(op, err)
 	case n == 0:
-		return store.ErrNotOwner
+		return false, store.ErrNotOwner
 	}
-	return nil
+	return n == 2, nil
 }
 
 // buffers hold encoded records while go-redis writes them: it is done with

@@ -1,0 +1,218 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testredis"
+	"github.com/caddy-idempotency/caddy-idempotency/store"
+	"github.com/caddy-idempotency/caddy-idempotency/store/storetest"
+)
+
+// instances returns two stores on addrs with one key prefix but clients of
+// their own, as two Caddy instances would have: the options differ only in
+// pool_size, which gives each its own client, hence its own subscription.
+func instances(t testing.TB, addrs []string, prefix string, localCache int64) (a, b *Store) {
+	t.Helper()
+	a = storetest.Provision(t, &Store{Addresses: addrs, KeyPrefix: prefix, PoolSize: 7, LocalCache: localCache})
+	b = storetest.Provision(t, &Store{Addresses: addrs, KeyPrefix: prefix, PoolSize: 8, LocalCache: localCache})
+	if a.client == b.client || a.events == b.events {
+		t.Fatal("the two instances share a client")
+	}
+	return a, b
+}
+
+// notify calls s.Notify until the subscription it starts is up, and
+// returns whether the claim was in progress.
+func notify(t testing.TB, s *Store, k store.Key, d time.Duration) bool {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		inProgress, err := s.Notify(context.Background(), k, d)
+		switch {
+		case err == nil:
+			return inProgress
+		case !errors.Is(err, store.ErrNotListening) || time.Now().After(deadline):
+			t.Fatalf("Notify: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// wantWoken fails unless ended closes within a few seconds: far more than
+// a message takes, far less than a waiter's fallback poll would.
+func wantWoken(t testing.TB, ended <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ended:
+	case <-time.After(notifyTimeout):
+		t.Fatalf("%s did not wake the waiter", what)
+	}
+}
+
+const notifyTimeout = 5 * time.Second
+
+func wantNotWoken(t testing.TB, ended <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ended:
+		t.Fatalf("%s woke the waiter", what)
+	case <-time.After(200 * time.Millisecond):
+	}
+}
+
+// A waiter on one instance is woken when the owner on another completes or
+// releases the claim, and by a purge.
+func TestNotifyWakesWaitersOfAnotherInstance(t *testing.T) {
+	srv := testredis.Start(t)
+	waiter, owner := instances(t, []string{srv.Addr()}, "test:"+t.Name(), 0)
+	testNotifyWakes(t, waiter, owner)
+}
+
+func testNotifyWakes(t *testing.T, waiter, owner *Store) {
+	ctx := context.Background()
+	for _, end := range []struct {
+		name string
+		f    func(k store.Key, c *store.Claim) error
+	}{
+		{"Complete", func(k store.Key, c *store.Claim) error {
+			return owner.Complete(ctx, k, c, &store.Record{Status: 201}, time.Minute)
+		}},
+		{"Release", func(k store.Key, c *store.Claim) error { return owner.Release(ctx, k, c.Token) }},
+		{"Delete", func(k store.Key, c *store.Claim) error { _, err := owner.Delete(ctx, k); return err }},
+	} {
+		k, c := storetest.NewKey(), claim()
+		if rec, err := owner.Acquire(ctx, k, c); rec != nil || err != nil {
+			t.Fatalf("Acquire = %v, %v", rec, err)
+		}
+		ended, stop := store.AwaitEnd(k)
+		if !notify(t, waiter, k, 10*time.Second) {
+			t.Fatalf("%s: Notify found no claim in progress", end.name)
+		}
+		if err := owner.Renew(ctx, k, c.Token, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		wantNotWoken(t, ended, "a renewal")
+		if err := end.f(k, c); err != nil {
+			t.Fatalf("%s: %v", end.name, err)
+		}
+		wantWoken(t, ended, end.name)
+		stop()
+	}
+}
+
+// Notify arranges nothing for a claim that has already ended, and says so.
+func TestNotifyReportsAnEndedClaim(t *testing.T) {
+	srv := testredis.Start(t)
+	s := open(t, srv)
+	ctx := context.Background()
+	k, c := storetest.NewKey(), claim()
+	if notify(t, s, k, time.Minute) {
+		t.Fatal("Notify of an absent key reported a claim in progress")
+	}
+	s.Acquire(ctx, k, c)
+	if err := s.Complete(ctx, k, c, &store.Record{Status: 200}, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if notify(t, s, k, time.Minute) {
+		t.Fatal("Notify of a completed key reported a claim in progress")
+	}
+	if n, _ := srv.Client().Exists(ctx, s.markKey(k)).Result(); n != 0 {
+		t.Fatal("Notify marked a key whose claim had ended")
+	}
+}
+
+// The mark lasts as long as its longest waiter, and no longer than it.
+func TestMarkLastsForTheLongestWaiter(t *testing.T) {
+	srv := testredis.Start(t)
+	s := open(t, srv)
+	ctx := context.Background()
+	k, c := storetest.NewKey(), claim()
+	s.Acquire(ctx, k, c)
+	notify(t, s, k, 10*time.Second)
+	notify(t, s, k, time.Second)
+	ttl, err := srv.Client().PTTL(ctx, s.markKey(k)).Result()
+	if err != nil || ttl <= 5*time.Second || ttl > 10*time.Second {
+		t.Fatalf("mark TTL %v, %v; want that of the 10s waiter", ttl, err)
+	}
+}
+
+// Nobody waits: a completion publishes nothing. Someone waits: the
+// completion publishes once, one more round trip.
+func TestPublishesOnlyWhenSomeoneWaits(t *testing.T) {
+	srv := testredis.Start(t)
+	s := open(t, srv)
+	ctx := context.Background()
+	run := func(wait bool) map[string]int64 {
+		k, c := storetest.NewKey(), claim()
+		s.Acquire(ctx, k, c)
+		if wait {
+			notify(t, s, k, time.Minute)
+		}
+		srv.ConfigResetStat(t)
+		if err := s.Complete(ctx, k, c, &store.Record{Status: 200}, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		return srv.CommandStats(t)
+	}
+	if got := run(false); got["publish"] != 0 {
+		t.Fatalf("a completion nobody waited for published: %v", got)
+	}
+	if got := run(true); got["publish"] != 1 || got["del"] != 1 {
+		t.Fatalf("a completion someone waited for ran %v, want one publish", got)
+	}
+}
+
+// A killed Redis drops the subscription: the loss is counted, Notify
+// refuses until it is back, and it comes back by itself.
+func TestSubscriptionLossIsCountedAndRecovers(t *testing.T) {
+	srv := testredis.Start(t)
+	waiter, owner := instances(t, []string{srv.Addr()}, "test:"+t.Name(), 0)
+	losses, err := store.SubscriptionLosses(nil, "redis")
+	if err != nil {
+		t.Fatal(err)
+	}
+	notify(t, waiter, storetest.NewKey(), time.Second) // starts the subscription
+	before := testutil.ToFloat64(losses)
+
+	srv.Kill()
+	waitFor(t, "the loss to be counted", func() bool { return testutil.ToFloat64(losses) == before+1 })
+	if _, err := waiter.Notify(context.Background(), storetest.NewKey(), time.Second); !errors.Is(err, store.ErrNotListening) {
+		t.Fatalf("Notify while the subscription is down = %v, want ErrNotListening", err)
+	}
+	srv.Restart(t)
+	testNotifyWakes(t, waiter, owner)
+	if got := testutil.ToFloat64(losses); got != before+1 {
+		t.Fatalf("%v losses counted for one kill", got-before)
+	}
+}
+
+func waitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited 10s for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestParseEvent(t *testing.T) {
+	k := storetest.NewKey()
+	for _, kind := range []byte{eventEnded, eventPurged} {
+		got, key, ok := parseEvent(string(kind) + k.String())
+		if !ok || got != kind || key != k {
+			t.Errorf("parseEvent of kind %c = %c, %v, %t", kind, got, key, ok)
+		}
+	}
+	for _, bad := range []string{"", "e", "x" + k.String(), "e" + k.String()[1:] + "g", "e" + k.String() + "0"} {
+		if _, _, ok := parseEvent(bad); ok {
+			t.Errorf("parseEvent(%q) accepted it", bad)
+		}
+	}
+}
