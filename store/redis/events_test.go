@@ -3,6 +3,8 @@ package redis
 import (
 	"context"
 	"errors"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -215,4 +217,71 @@ func TestParseEvent(t *testing.T) {
 			t.Errorf("parseEvent(%q) accepted it", bad)
 		}
 	}
+}
+
+// On a Cluster the subscription is sharded: SSUBSCRIBE on the master of
+// the events channel's slot, and SPUBLISH to it.
+func testClusterEvents(t *testing.T, cl *testredis.Cluster) {
+	waiter, owner := instances(t, cl.Addrs(), "events", 0)
+	if !waiter.events.sharded.Load() {
+		t.Fatal("a cluster client does not use sharded Pub/Sub")
+	}
+	node := cl.SlotOwner(t, testredis.KeySlot(waiter.channel))
+	before := nodeCalls(t, cl, node, "spublish")
+	testNotifyWakes(t, waiter, owner)
+	if got := nodeCalls(t, cl, node, "spublish") - before; got != 3 {
+		t.Fatalf("the master of the channel's slot ran SPUBLISH %d times for 3 announcements", got)
+	}
+	if got := nodeCalls(t, cl, node, "ssubscribe"); got == 0 {
+		t.Fatal("the master of the channel's slot saw no SSUBSCRIBE")
+	}
+}
+
+// When the events channel's slot moves, Redis unsubscribes the sharded
+// subscribers, and the subscription follows the slot to its new master.
+func testClusterEventsFollowTheirSlot(t *testing.T, cl *testredis.Cluster) {
+	waiter, owner := instances(t, cl.Addrs(), "moving", 0)
+	notify(t, waiter, storetest.NewKey(), time.Second)
+	losses, _ := store.SubscriptionLosses(nil, "redis")
+	before := testutil.ToFloat64(losses)
+
+	slot := testredis.KeySlot(waiter.channel)
+	from := cl.SlotOwner(t, slot)
+	to := (from + 1) % 3
+	cl.BeginMigration(t, slot, from, to)
+	cl.MoveKeys(t, from, to, cl.SlotKeys(t, from, slot)...)
+	cl.FinishMigration(t, slot, from, to)
+	waitFor(t, "the server to unsubscribe the moved channel", func() bool { return testutil.ToFloat64(losses) > before })
+	testNotifyWakes(t, waiter, owner)
+	if got := nodeCalls(t, cl, to, "ssubscribe"); got == 0 {
+		t.Fatal("the slot's new master saw no SSUBSCRIBE")
+	}
+}
+
+// A Cluster without sharded Pub/Sub (here its commands are renamed away)
+// gets plain Pub/Sub, which the Cluster broadcasts.
+func TestClusterWithoutShardedPubSub(t *testing.T) {
+	cl := testredis.StartClusterWith(t, testredis.ClusterOptions{Masters: 3,
+		Args: []string{"--rename-command", "SSUBSCRIBE", "", "--rename-command", "SPUBLISH", ""}})
+	waiter, owner := instances(t, cl.Addrs(), "plain", 0)
+	testNotifyWakes(t, waiter, owner)
+	if waiter.events.sharded.Load() || owner.events.sharded.Load() {
+		t.Fatal("a client still uses sharded Pub/Sub")
+	}
+}
+
+// nodeCalls is how many times node i ran cmd.
+func nodeCalls(t testing.TB, cl *testredis.Cluster, i int, cmd string) int64 {
+	t.Helper()
+	info, err := cl.Node(i).Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.Lines(info) {
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_"+cmd+":calls="); ok {
+			n, _ := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
+			return n
+		}
+	}
+	return 0
 }

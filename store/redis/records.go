@@ -14,25 +14,34 @@ import (
 // The scripts check "in progress and owned by this token" with one compare
 // of a GETRANGE, whatever the size of the record: ARGV[1] is the claim's
 // owner prefix (store.AppendOwner), and its length is how much of the
-// record they read. KEYS[2] is the key's watched mark (markKey): the
-// completion and release scripts delete it and add 1 to their answer if
-// it was there, so that the end is announced only when someone waits.
+// record they read. They answer 0 when the token does not own the claim.
+// KEYS[2] is the key's watched mark (markKey): the completion and release
+// scripts delete it and answer 2 if it was there (1 if not), so that the
+// end is announced only when someone waits.
 //
 // complete swaps an owned claim for the completed record ARGV[2], which
 // the handler encodes whole (the claim's binding included), so the script
 // only compares the owner prefix and SETs. When go-redis resends the script
 // because the first reply was late, the second run finds the record's own
 // prefix (state completed, same token) and must report success rather than
-// a lost claim.
+// a lost claim: it answers 3, since what it was given is not what the
+// first run stored, should the caller have changed it.
 var completeScript = goredis.NewScript(`
 local head = redis.call('GETRANGE', KEYS[1], 0, #ARGV[1] - 1)
 if head == ARGV[1] then
 	redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 	return 1 + redis.call('DEL', KEYS[2])
 end
-if head == string.sub(ARGV[2], 1, #ARGV[1]) then return 1 end
+if head == string.sub(ARGV[2], 1, #ARGV[1]) then return 3 end
 return 0
 `)
+
+// The answers of the completion and release scripts that say more than
+// success (1) or ErrNotOwner (0).
+const (
+	endedWatched    = 2
+	completedBefore = 3
+)
 
 var releaseScript = goredis.NewScript(`
 if redis.call('GETRANGE', KEYS[1], 0, #ARGV[1] - 1) ~= ARGV[1] then return 0 end
@@ -142,14 +151,14 @@ func (s *Store) Complete(ctx context.Context, key store.Key, c *store.Claim, rec
 		*buf = store.AppendCompleted((*buf)[:0], c, &done)
 		blob = *buf
 	}
-	watched, err := s.owned(completeScript.Run(ctx, s.client, []string{s.key(key), s.markKey(key)}, owner(c.Token), blob, millis(ttl)), "completing")
-	if err != nil {
+	n, err := s.owned(completeScript.Run(ctx, s.client, []string{s.key(key), s.markKey(key)}, owner(c.Token), blob, millis(ttl)), "completing")
+	if err != nil || n == completedBefore {
 		return err
 	}
 	if s.tier != nil {
 		s.tier.Put(key, blob, version)
 	}
-	if watched {
+	if n == endedWatched {
 		_ = s.announce(ctx, eventEnded, key)
 	}
 	return nil
@@ -159,8 +168,8 @@ func (s *Store) Complete(ctx context.Context, key store.Key, c *store.Claim, rec
 func (s *Store) Release(ctx context.Context, key store.Key, token store.Token) error {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	watched, err := s.owned(releaseScript.Run(ctx, s.client, []string{s.key(key), s.markKey(key)}, owner(token)), "releasing")
-	if watched {
+	n, err := s.owned(releaseScript.Run(ctx, s.client, []string{s.key(key), s.markKey(key)}, owner(token)), "releasing")
+	if n == endedWatched {
 		_ = s.announce(ctx, eventEnded, key)
 	}
 	return err
@@ -174,17 +183,17 @@ func (s *Store) Renew(ctx context.Context, key store.Key, token store.Token, lea
 	return err
 }
 
-// owned turns a script's 0 into ErrNotOwner; 2 means that it deleted a
-// watched mark: someone waits for the claim's end.
-func (s *Store) owned(cmd *goredis.Cmd, op string) (watched bool, err error) {
+// owned turns a script's 0 into ErrNotOwner, and passes its other answers
+// on.
+func (s *Store) owned(cmd *goredis.Cmd, op string) (int64, error) {
 	n, err := cmd.Int64()
 	switch {
 	case err != nil:
-		return false, store.Unavailable(op, err)
+		return 0, store.Unavailable(op, err)
 	case n == 0:
-		return false, store.ErrNotOwner
+		return 0, store.ErrNotOwner
 	}
-	return n == 2, nil
+	return n, nil
 }
 
 // buffers hold encoded records while go-redis writes them: it is done with

@@ -194,6 +194,12 @@ func (sub *subscriber) run() {
 		if sub.lost(err, wasLive) {
 			backoff = resubscribeMin
 		}
+		if cc, ok := sub.client.(*goredis.ClusterClient); ok {
+			// The channel's slot may have moved: ask for the slots anew
+			// rather than subscribe on the old node until go-redis's
+			// periodic refresh.
+			cc.ReloadState(context.Background())
+		}
 		select {
 		case <-sub.stop:
 			return
