@@ -193,7 +193,16 @@ func BenchmarkAcquireNewKey(b *testing.B) {
 }
 
 func BenchmarkReplay(b *testing.B) {
-	s := open(b, testredis.Start(b))
+	benchmarkReplay(b, open(b, testredis.Start(b)))
+}
+
+// A replay from the local tier: no round trip, a map lookup and a decode.
+func BenchmarkReplayLocalCache(b *testing.B) {
+	srv := testredis.Start(b)
+	benchmarkReplay(b, live(b, storetest.Provision(b, &Store{Addresses: []string{srv.Addr()}, LocalCache: 64 << 20})))
+}
+
+func benchmarkReplay(b *testing.B, s *Store) {
 	ctx, k, c := context.Background(), storetest.NewKey(), claim()
 	s.Acquire(ctx, k, c)
 	body := []byte(strings.Repeat("x", 1024))
