@@ -74,7 +74,7 @@ func (h *Handler) wait(w http.ResponseWriter, r *http.Request, repl *caddy.Repla
 func nextPoll(ctx context.Context, n store.Notifier, key store.Key, poll time.Duration, deadline time.Time) time.Duration {
 	left := time.Until(deadline)
 	if n != nil {
-		inProgress, err := n.Notify(ctx, key, left)
+		inProgress, err := n.Notify(ctx, key)
 		switch {
 		case err == nil && !inProgress:
 			return 0

@@ -21,7 +21,7 @@ import (
 //	18:50  fingerprint
 //	50:58  created at, Unix nanoseconds, big endian
 //	58:60  status, big endian
-//	60     flags (bit 0: truncated; bit 2: expiry follows)
+//	60     flags (bit 0: truncated; bit 2: expiry follows; bit 3: watched)
 //	61:69  with bit 2 only: expires at, Unix nanoseconds, big endian
 //	then   uvarint-prefixed endpoint, uvarint header count, then per header
 //	       a prefixed name, a value count and prefixed values; the body is
@@ -44,6 +44,16 @@ const (
 	flagTruncated = 1
 	flagExpires   = 4
 	expiresLen    = 8
+)
+
+// FlagsOffset is the offset of the flags byte, and FlagWatched the flag
+// that marks an in-progress claim a duplicate waits for. A store whose
+// server edits values in place (the Redis store's scripts) sets it on the
+// live claim, so that whoever ends the claim knows to announce the end.
+// Decoding ignores it.
+const (
+	FlagsOffset = flagsOff
+	FlagWatched = 8
 )
 
 // OwnerLen is the length of the owner prefix that starts every record: its

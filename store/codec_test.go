@@ -173,3 +173,20 @@ func TestAppendClaimAndCompletedAreExact(t *testing.T) {
 		t.Fatalf("AppendCompleted decodes to %+v, %v", got, err)
 	}
 }
+
+// The watched flag is set in place on a stored claim by a store's script;
+// the claim must read the same with it, and its owner prefix be unchanged.
+func TestWatchedFlagIsIgnoredByDecoding(t *testing.T) {
+	c := &Claim{Token: Token{7}, Endpoint: "POST h/p", Fingerprint: Fingerprint{8}}
+	plain := AppendClaim(nil, c, time.Unix(9, 0))
+	watched := append([]byte(nil), plain...)
+	watched[FlagsOffset] |= FlagWatched
+	a, errA := DecodeRecord(plain)
+	b, errB := DecodeRecord(watched)
+	if errA != nil || errB != nil || !reflect.DeepEqual(a, b) {
+		t.Fatalf("a watched claim decodes to %+v, %v; unwatched %+v, %v", b, errB, a, errA)
+	}
+	if !Encoded(watched).ClaimedBy(c.Token) || !Encoded(watched).ExpiresAt().IsZero() {
+		t.Fatal("the watched flag changed what the head tells")
+	}
+}

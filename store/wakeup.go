@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"sync"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -44,16 +43,17 @@ func Awaited() int {
 // claim ends in its own process, where the handler signals it.
 type Notifier interface {
 	// Notify arranges for SignalEnd(k) to be called in this process when
-	// k's claim ends on any instance (completed, released or purged)
-	// within d, and reports whether the claim is still in progress. When
+	// k's current claim ends on any instance (completed, released or
+	// purged), and reports whether the claim is still in progress. When
 	// it is not (it ended before Notify ran), nothing is arranged and the
 	// caller reads the record at once. Notify checks the claim and
 	// arranges the wake-up atomically, so an end cannot slip between
-	// them; the caller calls AwaitEnd first.
+	// them; the caller calls AwaitEnd first. A claim taken over after its
+	// owner died is a new claim, to notify anew.
 	//
 	// ErrNotListening, or any other error, means that no wake-up can be
 	// promised now: the caller polls the store instead.
-	Notify(ctx context.Context, k Key, d time.Duration) (inProgress bool, err error)
+	Notify(ctx context.Context, k Key) (inProgress bool, err error)
 }
 
 // ErrNotListening is returned by Notify while the store's subscription to

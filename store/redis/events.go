@@ -3,7 +3,6 @@ package redis
 import (
 	"context"
 	"encoding/hex"
-	"time"
 
 	goredis "github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
@@ -16,41 +15,46 @@ import (
 //
 // Announcing the end of every claim would cost Redis a delivery to every
 // instance per new key. So a waiter that finds a claim in progress marks
-// it watched (notifyScript, markKey); the completion and release scripts
-// delete the mark in the same call and report it, and only then is the end
-// announced: nobody waiting costs nothing but a DEL of a missing key
-// inside the script. A purge is always announced, for the local tiers.
+// it watched (notifyScript): it sets store.FlagWatched in the claim
+// itself, which keeps the claim's expiry and lives exactly as long as the
+// claim. The completion and release scripts, which read the claim's head
+// anyway, report the flag, and only then is the end announced: a claim
+// nobody waits for costs nothing more. A purge is always announced, for
+// the local tiers.
 const (
 	eventEnded  = 'e' // a claim someone waits for was completed or released
 	eventPurged = 'p' // a record was deleted, whatever its state
 	eventLen    = 1 + 2*len(store.Key{})
 )
 
-// notifyScript marks KEYS[1] watched for ARGV[2] milliseconds, unless
-// another waiter's mark lasts longer, if its record is an in-progress
-// claim (whose head is ARGV[1]); it returns 1 if it was, 0 if not. The
-// check and the mark are one step, so a completion either comes after the
-// mark and sees it, or before the check and is seen by it.
+// notifyScript sets the watched flag ARGV[3] in the flags byte at offset
+// ARGV[2] of KEYS[1] if it is an in-progress claim (whose head is ARGV[1]),
+// in place, so that its expiry is kept; it answers 1 if the claim was in
+// progress, 0 if not. The check and the flag are one step, so a completion
+// either comes after the flag and sees it, or before the check and is seen
+// by it.
 var notifyScript = goredis.NewScript(`
-if redis.call('GETRANGE', KEYS[1], 0, #ARGV[1] - 1) ~= ARGV[1] then return 0 end
-if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[2]) then
-	redis.call('SET', KEYS[2], '', 'PX', ARGV[2])
+local head = redis.call('GETRANGE', KEYS[1], 0, ARGV[2])
+if string.sub(head, 1, #ARGV[1]) ~= ARGV[1] or #head ~= ARGV[2] + 1 then return 0 end
+local flags = string.byte(head, #head)
+if bit.band(flags, tonumber(ARGV[3])) == 0 then
+	redis.call('SETRANGE', KEYS[1], ARGV[2], string.char(bit.bor(flags, tonumber(ARGV[3]))))
 end
 return 1
 `)
 
 var inProgressHead = string(store.StatePrefix(store.InProgress))
 
-// Notify implements store.Notifier: it marks key's claim watched for d, so
-// that whichever instance completes or releases it announces the end, and
-// this instance's subscriber wakes the waiters here.
-func (s *Store) Notify(ctx context.Context, key store.Key, d time.Duration) (bool, error) {
+// Notify implements store.Notifier: it marks key's claim watched, so that
+// whichever instance completes or releases it announces the end, and this
+// instance's subscriber wakes the waiters here.
+func (s *Store) Notify(ctx context.Context, key store.Key) (bool, error) {
 	if !s.events.listening(s.channel) {
 		return false, store.ErrNotListening
 	}
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	n, err := notifyScript.Run(ctx, s.client, []string{s.key(key), s.markKey(key)}, inProgressHead, millis(d)).Int64()
+	n, err := notifyScript.Run(ctx, s.client, []string{s.key(key)}, inProgressHead, store.FlagsOffset, store.FlagWatched).Int64()
 	if err != nil {
 		return false, store.Unavailable("watching", err)
 	}

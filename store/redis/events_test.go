@@ -3,6 +3,7 @@ package redis
 import (
 	"context"
 	"errors"
+	"maps"
 	"strconv"
 	"strings"
 	"testing"
@@ -30,11 +31,11 @@ func instances(t testing.TB, addrs []string, prefix string, localCache int64) (a
 
 // notify calls s.Notify until the subscription it starts is up, and
 // returns whether the claim was in progress.
-func notify(t testing.TB, s *Store, k store.Key, d time.Duration) bool {
+func notify(t testing.TB, s *Store, k store.Key) bool {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		inProgress, err := s.Notify(context.Background(), k, d)
+		inProgress, err := s.Notify(context.Background(), k)
 		switch {
 		case err == nil:
 			return inProgress
@@ -92,7 +93,7 @@ func testNotifyWakes(t *testing.T, waiter, owner *Store) {
 			t.Fatalf("Acquire = %v, %v", rec, err)
 		}
 		ended, stop := store.AwaitEnd(k)
-		if !notify(t, waiter, k, 10*time.Second) {
+		if !notify(t, waiter, k) {
 			t.Fatalf("%s: Notify found no claim in progress", end.name)
 		}
 		if err := owner.Renew(ctx, k, c.Token, time.Minute); err != nil {
@@ -113,33 +114,63 @@ func TestNotifyReportsAnEndedClaim(t *testing.T) {
 	s := open(t, srv)
 	ctx := context.Background()
 	k, c := storetest.NewKey(), claim()
-	if notify(t, s, k, time.Minute) {
+	if notify(t, s, k) {
 		t.Fatal("Notify of an absent key reported a claim in progress")
 	}
 	s.Acquire(ctx, k, c)
 	if err := s.Complete(ctx, k, c, &store.Record{Status: 200}, time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	if notify(t, s, k, time.Minute) {
+	if notify(t, s, k) {
 		t.Fatal("Notify of a completed key reported a claim in progress")
 	}
-	if n, _ := srv.Client().Exists(ctx, s.markKey(k)).Result(); n != 0 {
-		t.Fatal("Notify marked a key whose claim had ended")
+	if flags(t, srv, s, k)&store.FlagWatched != 0 {
+		t.Fatal("Notify marked a completed record")
 	}
 }
 
-// The mark lasts as long as its longest waiter, and no longer than it.
-func TestMarkLastsForTheLongestWaiter(t *testing.T) {
+// flags is the flags byte of k's value.
+func flags(t testing.TB, srv *testredis.Server, s *Store, k store.Key) byte {
+	t.Helper()
+	b, err := srv.Client().GetRange(context.Background(), s.key(k), int64(store.FlagsOffset), int64(store.FlagsOffset)).Bytes()
+	if err != nil || len(b) != 1 {
+		t.Fatalf("reading the flags of %s: %q, %v", s.key(k), b, err)
+	}
+	return b[0]
+}
+
+// The watched flag is set in the claim itself, which keeps its expiry,
+// its owner and its binding: the owner renews and completes it as before.
+func TestWatchedFlagKeepsTheClaim(t *testing.T) {
 	srv := testredis.Start(t)
 	s := open(t, srv)
 	ctx := context.Background()
 	k, c := storetest.NewKey(), claim()
+	c.Lease = 10 * time.Second
 	s.Acquire(ctx, k, c)
-	notify(t, s, k, 10*time.Second)
-	notify(t, s, k, time.Second)
-	ttl, err := srv.Client().PTTL(ctx, s.markKey(k)).Result()
-	if err != nil || ttl <= 5*time.Second || ttl > 10*time.Second {
-		t.Fatalf("mark TTL %v, %v; want that of the 10s waiter", ttl, err)
+	for range 2 { // a second waiter finds the flag set
+		if !notify(t, s, k) {
+			t.Fatal("Notify found no claim in progress")
+		}
+	}
+	if flags(t, srv, s, k) != store.FlagWatched {
+		t.Fatalf("flags %08b, want the watched flag alone", flags(t, srv, s, k))
+	}
+	if ttl, err := srv.Client().PTTL(ctx, s.key(k)).Result(); err != nil || ttl <= 5*time.Second || ttl > 10*time.Second {
+		t.Fatalf("the watched claim's TTL is %v, %v; want its 10s lease", ttl, err)
+	}
+	rec, err := s.Acquire(ctx, k, claim())
+	if err != nil || rec == nil || rec.State != store.InProgress || rec.Token != c.Token || rec.Endpoint != c.Endpoint || rec.Fingerprint != c.Fingerprint {
+		t.Fatalf("the watched claim reads as %+v, %v", rec, err)
+	}
+	if err := s.Renew(ctx, k, c.Token, time.Minute); err != nil {
+		t.Fatalf("Renew of a watched claim: %v", err)
+	}
+	if err := s.Complete(ctx, k, c, testRecord("done"), time.Minute); err != nil {
+		t.Fatalf("Complete of a watched claim: %v", err)
+	}
+	if flags(t, srv, s, k)&store.FlagWatched != 0 {
+		t.Fatal("the completed record kept the watched flag")
 	}
 }
 
@@ -153,19 +184,22 @@ func TestPublishesOnlyWhenSomeoneWaits(t *testing.T) {
 		k, c := storetest.NewKey(), claim()
 		s.Acquire(ctx, k, c)
 		if wait {
-			notify(t, s, k, time.Minute)
+			notify(t, s, k)
 		}
-		srv.ConfigResetStat(t)
-		if err := s.Complete(ctx, k, c, &store.Record{Status: 200}, time.Minute); err != nil {
-			t.Fatal(err)
-		}
-		return srv.CommandStats(t)
+		return commands(t, srv, func() {
+			if err := s.Complete(ctx, k, c, &store.Record{Status: 200}, time.Minute); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
-	if got := run(false); got["publish"] != 0 {
-		t.Fatalf("a completion nobody waited for published: %v", got)
+	run(false) // loads the script
+	script := map[string]int64{"evalsha": 1, "getrange": 1, "set": 1}
+	if got := run(false); !maps.Equal(got, script) {
+		t.Fatalf("a completion nobody waited for ran %v, want %v", got, script)
 	}
-	if got := run(true); got["publish"] != 1 || got["del"] != 1 {
-		t.Fatalf("a completion someone waited for ran %v, want one publish", got)
+	script["publish"] = 1
+	if got := run(true); !maps.Equal(got, script) {
+		t.Fatalf("a completion someone waited for ran %v, want %v", got, script)
 	}
 }
 
@@ -178,12 +212,12 @@ func TestSubscriptionLossIsCountedAndRecovers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	notify(t, waiter, storetest.NewKey(), time.Second) // starts the subscription
+	notify(t, waiter, storetest.NewKey()) // starts the subscription
 	before := testutil.ToFloat64(losses)
 
 	srv.Kill()
 	waitFor(t, "the loss to be counted", func() bool { return testutil.ToFloat64(losses) == before+1 })
-	if _, err := waiter.Notify(context.Background(), storetest.NewKey(), time.Second); !errors.Is(err, store.ErrNotListening) {
+	if _, err := waiter.Notify(context.Background(), storetest.NewKey()); !errors.Is(err, store.ErrNotListening) {
 		t.Fatalf("Notify while the subscription is down = %v, want ErrNotListening", err)
 	}
 	srv.Restart(t)
@@ -241,7 +275,7 @@ func testClusterEvents(t *testing.T, cl *testredis.Cluster) {
 // subscribers, and the subscription follows the slot to its new master.
 func testClusterEventsFollowTheirSlot(t *testing.T, cl *testredis.Cluster) {
 	waiter, owner := instances(t, cl.Addrs(), "moving", 0)
-	notify(t, waiter, storetest.NewKey(), time.Second)
+	notify(t, waiter, storetest.NewKey())
 	losses, _ := store.SubscriptionLosses(nil, "redis")
 	before := testutil.ToFloat64(losses)
 

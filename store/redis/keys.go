@@ -9,23 +9,15 @@ import (
 
 // key is <prefix>:{<hex key>}; the braces make the key its own Cluster hash
 // tag, which every script relies on.
-func (s *Store) key(k store.Key) string { return s.keyWith(k, "") }
-
-// markKey is <prefix>:{<hex key>}:w, the mark that someone waits for the
-// key's claim to end (Notify); the hash tag keeps it in the key's slot, so
-// that the completion and release scripts can see and delete it.
-func (s *Store) markKey(k store.Key) string { return s.keyWith(k, ":w") }
-
-func (s *Store) keyWith(k store.Key, suffix string) string {
+func (s *Store) key(k store.Key) string {
 	var h [2 * len(store.Key{})]byte
 	hex.Encode(h[:], k[:])
 	var b strings.Builder
-	b.Grow(len(s.prefix) + 3 + len(h) + len(suffix))
+	b.Grow(len(s.prefix) + 3 + len(h))
 	b.WriteString(s.prefix)
 	b.WriteString(":{")
 	b.Write(h[:])
 	b.WriteByte('}')
-	b.WriteString(suffix)
 	return b.String()
 }
 

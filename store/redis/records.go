@@ -14,12 +14,16 @@ import (
 // The scripts check "in progress and owned by this token" with one compare
 // of a GETRANGE, whatever the size of the record: ARGV[1] is the claim's
 // owner prefix (store.AppendOwner), and its length is how much of the
-// record they read. They answer 0 when the token does not own the claim.
-// KEYS[2] is the key's watched mark (markKey): the completion and release
-// scripts delete it and answer 2 if it was there (1 if not), so that the
-// end is announced only when someone waits.
+// record they compare. They answer 0 when the token does not own the claim.
 //
-// complete swaps an owned claim for the completed record ARGV[2], which
+// The completion and release scripts read the head up to the flags byte
+// (ARGV[2], store.FlagsOffset) and answer 2 rather than 1 if the claim
+// carries store.FlagWatched (ARGV[3]), which a waiter set (notifyScript):
+// only then is the end announced. Every script touches the one key of its
+// record: a second key, even in the same slot, would make the scripts
+// fail with TRYAGAIN while a Cluster migrates the slot.
+//
+// complete swaps an owned claim for the completed record ARGV[4], which
 // the handler encodes whole (the claim's binding included), so the script
 // only compares the owner prefix and SETs. When go-redis resends the script
 // because the first reply was late, the second run finds the record's own
@@ -27,13 +31,23 @@ import (
 // a lost claim: it answers 3, since what it was given is not what the
 // first run stored, should the caller have changed it.
 var completeScript = goredis.NewScript(`
-local head = redis.call('GETRANGE', KEYS[1], 0, #ARGV[1] - 1)
-if head == ARGV[1] then
-	redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-	return 1 + redis.call('DEL', KEYS[2])
+local head = redis.call('GETRANGE', KEYS[1], 0, ARGV[2])
+local owner = string.sub(head, 1, #ARGV[1])
+if owner == ARGV[1] then
+	redis.call('SET', KEYS[1], ARGV[4], 'PX', ARGV[5])
+	if bit.band(string.byte(head, ARGV[2] + 1) or 0, tonumber(ARGV[3])) ~= 0 then return 2 end
+	return 1
 end
-if head == string.sub(ARGV[2], 1, #ARGV[1]) then return 3 end
+if owner == string.sub(ARGV[4], 1, #ARGV[1]) then return 3 end
 return 0
+`)
+
+var releaseScript = goredis.NewScript(`
+local head = redis.call('GETRANGE', KEYS[1], 0, ARGV[2])
+if string.sub(head, 1, #ARGV[1]) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+if bit.band(string.byte(head, ARGV[2] + 1) or 0, tonumber(ARGV[3])) ~= 0 then return 2 end
+return 1
 `)
 
 // The answers of the completion and release scripts that say more than
@@ -42,11 +56,6 @@ const (
 	endedWatched    = 2
 	completedBefore = 3
 )
-
-var releaseScript = goredis.NewScript(`
-if redis.call('GETRANGE', KEYS[1], 0, #ARGV[1] - 1) ~= ARGV[1] then return 0 end
-return redis.call('DEL', KEYS[1], KEYS[2])
-`)
 
 var renewScript = goredis.NewScript(`
 if redis.call('GETRANGE', KEYS[1], 0, #ARGV[1] - 1) ~= ARGV[1] then return 0 end
@@ -151,7 +160,7 @@ func (s *Store) Complete(ctx context.Context, key store.Key, c *store.Claim, rec
 		*buf = store.AppendCompleted((*buf)[:0], c, &done)
 		blob = *buf
 	}
-	n, err := s.owned(completeScript.Run(ctx, s.client, []string{s.key(key), s.markKey(key)}, owner(c.Token), blob, millis(ttl)), "completing")
+	n, err := s.owned(completeScript.Run(ctx, s.client, []string{s.key(key)}, owner(c.Token), store.FlagsOffset, store.FlagWatched, blob, millis(ttl)), "completing")
 	if err != nil || n == completedBefore {
 		return err
 	}
@@ -168,7 +177,7 @@ func (s *Store) Complete(ctx context.Context, key store.Key, c *store.Claim, rec
 func (s *Store) Release(ctx context.Context, key store.Key, token store.Token) error {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	n, err := s.owned(releaseScript.Run(ctx, s.client, []string{s.key(key), s.markKey(key)}, owner(token)), "releasing")
+	n, err := s.owned(releaseScript.Run(ctx, s.client, []string{s.key(key)}, owner(token), store.FlagsOffset, store.FlagWatched), "releasing")
 	if n == endedWatched {
 		_ = s.announce(ctx, eventEnded, key)
 	}
