@@ -185,7 +185,7 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, repl *caddy.Re
 // being stored for its retry whether or not it stayed. Each store bounds
 // its own calls.
 func (h *Handler) finish(ctx context.Context, key store.Key, c *store.Claim, rw *recorder, repl *caddy.Replacer, handlerErr error, aborted bool) {
-	defer finished.done(key)
+	defer store.SignalEnd(key)
 
 	status := rw.status
 	switch {

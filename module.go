@@ -176,6 +176,7 @@ type Handler struct {
 	StoreRaw json.RawMessage `json:"store,omitempty" caddy:"namespace=http.idempotency.stores inline_key=module"`
 
 	store    store.Store
+	notifier store.Notifier // the store, if it wakes waiters across instances
 	logger   *zap.Logger
 	keyField string // canonical form of KeyHeader, to index the header map
 	payload  payload
@@ -186,18 +187,16 @@ type Handler struct {
 
 // Process-wide state: every handler of every config shares what follows,
 // and it outlives config reloads. A bound on background work must hold for
-// the process however many routes and reloads there are, and a waiter must
+// the process however many routes and reloads there are. So must the
+// waiters' wake-up, which lives in package store (store.AwaitEnd), where
+// the stores that hear of other instances can signal it too: a waiter must
 // hear of the end of a claim whichever handler holds it, an old config's
-// included. Besides these variables, the metric collectors are process-wide (they
-// keep counting across reloads; metrics.go), and so are the pools of
-// buffers, recorders and digests (recorder.go, fingerprint.go) and the
-// owner tokens' random prefix and counter (key.go), which keep tokens
-// unique across handlers and instances.
+// included. The metric collectors are process-wide too (they keep
+// counting across reloads; metrics.go), and so are the pools of buffers,
+// recorders and digests (recorder.go, fingerprint.go) and the owner
+// tokens' random prefix and counter (key.go), which keep tokens unique
+// across handlers and instances.
 var (
-	// finished broadcasts the end of a claim to the waiters in this
-	// process (on_conflict wait), whichever handler holds the claim.
-	finished = &broadcast{watches: make(map[store.Key]*watch)}
-
 	// background bounds the store calls retried after their request has
 	// ended (recovery.go), so that a long outage under load cannot pile up
 	// goroutines; past the bound, leases expire claims as they always
@@ -234,6 +233,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 	}
 	h.store = s
+	h.notifier, _ = s.(store.Notifier)
 	h.leases = newLeases(h)
 	if !h.DisableMetrics {
 		if h.metrics, err = newMetrics(ctx.GetMetricsRegistry()); err != nil {

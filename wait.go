@@ -1,8 +1,8 @@
 package idempotency
 
 import (
+	"context"
 	"net/http"
-	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -13,62 +13,18 @@ import (
 
 // Waiting duplicates (on_conflict wait): instead of 409, a duplicate of a
 // running request waits for its outcome, then is answered as a retry would
-// be. A waiter wakes up when the owner in this process finishes (an
-// in-process broadcast) and otherwise polls the store with a backoff, which
-// covers owners on other instances; each poll is one store round trip, and
-// the poll interval stays between minPoll and maxPoll.
+// be. A waiter wakes up when the claim ends (store.AwaitEnd): the handler
+// that held it signals the end in its own process, and a store that is a
+// store.Notifier signals ends on other instances. Polling covers the rest:
+// every notifiedPoll when the store promised a wake-up (a lost message, a
+// dropped subscription), and otherwise with a backoff from minPoll to
+// maxPoll, which covers owners on other instances of a store that sends no
+// wake-ups. Each poll is one store round trip.
 const (
-	minPoll = 10 * time.Millisecond
-	maxPoll = 250 * time.Millisecond
+	minPoll      = 10 * time.Millisecond
+	maxPoll      = 250 * time.Millisecond
+	notifiedPoll = time.Second
 )
-
-// broadcast wakes the waiters of a key when its claim ends in this
-// process; the one instance is finished, declared with the handler's
-// process-wide state.
-type broadcast struct {
-	mu      sync.Mutex
-	watches map[store.Key]*watch
-}
-
-type watch struct {
-	ch      chan struct{}
-	waiters int
-}
-
-// watch returns a channel closed when a claim on k ends in this process,
-// and a function that withdraws the caller's interest, so that watches of
-// keys owned by other instances do not pile up.
-func (b *broadcast) watch(k store.Key) (<-chan struct{}, func()) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	wt, ok := b.watches[k]
-	if !ok {
-		wt = &watch{ch: make(chan struct{})}
-		b.watches[k] = wt
-	}
-	wt.waiters++
-	return wt.ch, func() {
-		b.mu.Lock()
-		defer b.mu.Unlock()
-		if wt.waiters--; wt.waiters == 0 && b.watches[k] == wt {
-			delete(b.watches, k)
-		}
-	}
-}
-
-// done wakes every waiter on k. It is cheap when nobody waits: a map
-// lookup under a lock held for nanoseconds.
-func (b *broadcast) done(k store.Key) {
-	b.mu.Lock()
-	wt, ok := b.watches[k]
-	if ok {
-		delete(b.watches, k)
-	}
-	b.mu.Unlock()
-	if ok {
-		close(wt.ch)
-	}
-}
 
 // wait answers a duplicate of a running request once that request ends, or
 // with 409 once MaxWait has passed. If the owner released its claim (a 5xx)
@@ -80,10 +36,11 @@ func (h *Handler) wait(w http.ResponseWriter, r *http.Request, repl *caddy.Repla
 	// The polls' spans are the wait's children.
 	ctx, span := startSpan(r.Context(), "idempotency.wait", nil)
 	poll := minPoll
-	timer := time.NewTimer(poll)
+	timer := time.NewTimer(time.Duration(h.MaxWait))
 	defer timer.Stop()
 	for {
-		ended, unwatch := finished.watch(key)
+		ended, unwatch := store.AwaitEnd(key)
+		timer.Reset(nextPoll(ctx, h.notifier, key, poll, deadline))
 		select {
 		case <-r.Context().Done():
 			// The client left; nothing ran for it, so nothing is lost.
@@ -109,12 +66,27 @@ func (h *Handler) wait(w http.ResponseWriter, r *http.Request, repl *caddy.Repla
 			endWait(span, "owner_finished")
 			return h.answerFromRecord(w, r, repl, rec, c)
 		}
-		left := time.Until(deadline)
-		if left <= 0 {
+		if time.Until(deadline) <= 0 {
 			endWait(span, "timeout")
 			return h.refuse(w, r, repl, resultConflict, h.problems.outstanding)
 		}
-		poll = min(2*poll, maxPoll, left)
-		timer.Reset(poll)
+		poll = min(2*poll, maxPoll)
 	}
+}
+
+// nextPoll is how long a waiter sleeps unless woken: not at all if the
+// claim ended before the store could arrange a wake-up, notifiedPoll once
+// it has, and poll, the backoff, when it cannot; never past the deadline.
+func nextPoll(ctx context.Context, n store.Notifier, key store.Key, poll time.Duration, deadline time.Time) time.Duration {
+	left := time.Until(deadline)
+	if n != nil {
+		inProgress, err := n.Notify(ctx, key)
+		switch {
+		case err == nil && !inProgress:
+			return 0
+		case err == nil:
+			return min(notifiedPoll, left)
+		}
+	}
+	return min(poll, left)
 }

@@ -159,10 +159,7 @@ func TestWaiterThatLeavesLeavesNothing(t *testing.T) {
 		t.Fatal("waiters whose clients left did not return")
 	}
 	waitFor(t, func() bool { return runtime.NumGoroutine() <= before+2 })
-	finished.mu.Lock()
-	n := len(finished.watches)
-	finished.mu.Unlock()
-	if n != 0 {
+	if n := store.Awaited(); n != 0 {
 		t.Fatalf("%d watches left behind by waiters that left", n)
 	}
 }

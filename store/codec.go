@@ -21,10 +21,15 @@ import (
 //	18:50  fingerprint
 //	50:58  created at, Unix nanoseconds, big endian
 //	58:60  status, big endian
-//	60     flags (bit 0: truncated, bit 1: outcome unknown)
-//	61:    uvarint-prefixed endpoint, uvarint header count, then per header
+//	60     flags (bit 0: truncated; bit 1: outcome unknown; bit 2: expiry
+//	       follows; bit 3: watched)
+//	61:69  with bit 2 only: expires at, Unix nanoseconds, big endian
+//	then   uvarint-prefixed endpoint, uvarint header count, then per header
 //	       a prefixed name, a value count and prefixed values; the body is
 //	       the rest.
+//
+// Records written before the expiry existed lack bit 2 and decode with a
+// zero ExpiresAt.
 //
 // The first OwnerLen bytes (magic, state, token) are the owner prefix.
 const (
@@ -39,6 +44,18 @@ const (
 
 	flagTruncated      = 1
 	flagOutcomeUnknown = 2
+	flagExpires        = 4
+	expiresLen         = 8
+)
+
+// FlagsOffset is the offset of the flags byte, and FlagWatched the flag
+// that marks an in-progress claim a duplicate waits for. A store whose
+// server edits values in place (the Redis store's scripts) sets it on the
+// live claim, so that whoever ends the claim knows to announce the end.
+// Decoding ignores it.
+const (
+	FlagsOffset = flagsOff
+	FlagWatched = 8
 )
 
 // OwnerLen is the length of the owner prefix that starts every record: its
@@ -54,6 +71,10 @@ func AppendOwner(dst []byte, token Token) []byte {
 	dst = append(dst, magic, byte(InProgress))
 	return append(dst, token[:]...)
 }
+
+// StatePrefix is how every record in state s starts: its magic and state
+// byte, so that a script tells a record's state with one compare.
+func StatePrefix(s State) []byte { return []byte{magic, byte(s)} }
 
 // Encoded is a record as AppendRecord writes it. Its methods read the fixed
 // head alone, for stores that check a claim's owner or list claims without
@@ -85,6 +106,15 @@ func (b Encoded) CreatedAt() time.Time {
 	return time.Unix(0, int64(binary.BigEndian.Uint64(b[createdOff:statusOff])))
 }
 
+// ExpiresAt is when the record expires, as its writer noted it; zero if b
+// is not a record or carries no expiry.
+func (b Encoded) ExpiresAt() time.Time {
+	if !b.hasHead() || b[flagsOff]&flagExpires == 0 || len(b) < fixedLen+expiresLen {
+		return time.Time{}
+	}
+	return time.Unix(0, int64(binary.BigEndian.Uint64(b[fixedLen:])))
+}
+
 // ErrCorrupt is returned by DecodeRecord for bytes it did not write.
 var ErrCorrupt = errors.New("corrupt idempotency record")
 
@@ -102,7 +132,13 @@ func AppendRecord(dst []byte, rec *Record) []byte {
 	if rec.OutcomeUnknown {
 		flags |= flagOutcomeUnknown
 	}
+	if !rec.ExpiresAt.IsZero() {
+		flags |= flagExpires
+	}
 	dst = append(dst, flags)
+	if flags&flagExpires != 0 {
+		dst = binary.BigEndian.AppendUint64(dst, uint64(rec.ExpiresAt.UnixNano()))
+	}
 	dst = appendString(dst, rec.Endpoint)
 	dst = binary.AppendUvarint(dst, uint64(len(rec.Header)))
 	for name, values := range rec.Header {
@@ -131,7 +167,7 @@ func AppendClaim(dst []byte, c *Claim, now time.Time) []byte {
 // AppendCompleted appends the encoding of the completed record that
 // replaces the claim c: c's binding (token, endpoint, fingerprint, creation
 // time) with the response in rec (Status, Header, Body, Truncated,
-// OutcomeUnknown).
+// OutcomeUnknown) and its expiry, rec.ExpiresAt, if set.
 func AppendCompleted(dst []byte, c *Claim, rec *Record) []byte {
 	return AppendRecord(grow(dst, encodedLen(c.Endpoint, rec)), &Record{
 		State:          Completed,
@@ -144,6 +180,7 @@ func AppendCompleted(dst []byte, c *Claim, rec *Record) []byte {
 		Body:           rec.Body,
 		Truncated:      rec.Truncated,
 		OutcomeUnknown: rec.OutcomeUnknown,
+		ExpiresAt:      rec.ExpiresAt,
 	})
 }
 
@@ -164,6 +201,9 @@ func encodedLen(endpoint string, rec *Record) int {
 		return n + uvarintLen(0)
 	}
 	n += uvarintLen(len(rec.Header)) + len(rec.Body)
+	if !rec.ExpiresAt.IsZero() {
+		n += expiresLen
+	}
 	for name, values := range rec.Header {
 		n += prefixed(len(name)) + uvarintLen(len(values))
 		for _, v := range values {
@@ -198,9 +238,17 @@ func DecodeRecord(b []byte) (*Record, error) {
 	rec.Status = int(binary.BigEndian.Uint16(b[statusOff:flagsOff]))
 	rec.Truncated = b[flagsOff]&flagTruncated != 0
 	rec.OutcomeUnknown = b[flagsOff]&flagOutcomeUnknown != 0
+	start := fixedLen
+	if b[flagsOff]&flagExpires != 0 {
+		if len(b) < fixedLen+expiresLen {
+			return nil, ErrCorrupt
+		}
+		rec.ExpiresAt = Encoded(b).ExpiresAt()
+		start += expiresLen
+	}
 
 	// Validate, and size the shared string and value slice.
-	d := decoder{b: b[fixedLen:]}
+	d := decoder{b: b[start:]}
 	text := len(d.bytes())
 	headers := d.count()
 	values := 0
@@ -223,7 +271,7 @@ func DecodeRecord(b []byte) (*Record, error) {
 	// so String does not copy them again.
 	var sb strings.Builder
 	sb.Grow(text)
-	d = decoder{b: b[fixedLen:]}
+	d = decoder{b: b[start:]}
 	sb.Write(d.bytes())
 	for range d.count() {
 		sb.Write(d.bytes())
@@ -234,7 +282,7 @@ func DecodeRecord(b []byte) (*Record, error) {
 	all := sb.String()
 
 	// Then slice it, walking the same fields again.
-	d = decoder{b: b[fixedLen:]}
+	d = decoder{b: b[start:]}
 	next := func() string {
 		n := len(d.bytes())
 		s := all[:n]

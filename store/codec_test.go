@@ -28,6 +28,7 @@ func TestRecordRoundTrip(t *testing.T) {
 		{State: Completed, Status: 200, Truncated: true, CreatedAt: time.Unix(5, 0)},
 		{State: Completed, OutcomeUnknown: true, CreatedAt: time.Unix(6, 0)},
 		{State: Completed, Status: 200, Truncated: true, OutcomeUnknown: true, CreatedAt: time.Unix(7, 0)},
+		{State: Completed, Status: 201, Body: []byte("x"), CreatedAt: time.Unix(5, 0), ExpiresAt: time.Unix(86405, 7)},
 	} {
 		got, err := DecodeRecord(AppendRecord(nil, rec))
 		if err != nil {
@@ -93,14 +94,47 @@ func TestOwnerPrefixAndHead(t *testing.T) {
 	}
 }
 
+// The expiry is read from the head, where the Redis store's local tier
+// looks for it; a record written without it (as every record was before
+// it existed) has none, and reads the same as before.
+func TestExpiresAt(t *testing.T) {
+	at := time.Unix(1700086400, 5)
+	rec := sampleRecord()
+	without := AppendRecord(nil, rec)
+	rec.ExpiresAt = at
+	with := AppendRecord(nil, rec)
+	if len(with) != len(without)+expiresLen {
+		t.Fatalf("the expiry takes %d bytes, want %d", len(with)-len(without), expiresLen)
+	}
+	if got := Encoded(with).ExpiresAt(); !got.Equal(at) {
+		t.Errorf("ExpiresAt = %v, want %v", got, at)
+	}
+	if got := Encoded(without).ExpiresAt(); !got.IsZero() {
+		t.Errorf("ExpiresAt of a record without one = %v", got)
+	}
+	old, err := DecodeRecord(without)
+	if err != nil || !old.ExpiresAt.IsZero() || old.Endpoint != rec.Endpoint || string(old.Body) != string(rec.Body) {
+		t.Fatalf("record without expiry decodes to %+v, %v", old, err)
+	}
+	// The flag bits of others (truncated, and any later one) leave it alone.
+	rec.Truncated = true
+	if got := Encoded(AppendRecord(nil, rec)).ExpiresAt(); !got.Equal(at) {
+		t.Errorf("ExpiresAt of a truncated record = %v, want %v", got, at)
+	}
+}
+
 func TestDecodeRefusesCorruptInput(t *testing.T) {
 	good := AppendRecord(nil, sampleRecord())
+	expiring := sampleRecord()
+	expiring.ExpiresAt = time.Unix(1, 0)
+	withExpiry := AppendRecord(nil, expiring)
 	for name, b := range map[string][]byte{
 		"empty":     nil,
 		"short":     good[:fixedLen-1],
 		"magic":     append([]byte{'X'}, good[1:]...),
 		"state":     append([]byte{magic, 7}, good[2:]...),
 		"truncated": good[:fixedLen+3],
+		"expiry":    withExpiry[:fixedLen+expiresLen-1],
 	} {
 		if _, err := DecodeRecord(b); err != ErrCorrupt {
 			t.Errorf("%s: DecodeRecord = %v, want ErrCorrupt", name, err)
@@ -135,7 +169,7 @@ func FuzzDecodeRecord(f *testing.F) {
 func TestAppendClaimAndCompletedAreExact(t *testing.T) {
 	long := string(make([]byte, 300)) // a two-byte length prefix
 	c := &Claim{Token: Token{1}, Endpoint: long, Fingerprint: Fingerprint{2}, CreatedAt: time.Unix(3, 0)}
-	resp := &Record{Status: 201, Body: []byte("{}"), Truncated: true, OutcomeUnknown: true, Header: http.Header{
+	resp := &Record{Status: 201, Body: []byte("{}"), Truncated: true, OutcomeUnknown: true, ExpiresAt: time.Unix(4, 0), Header: http.Header{
 		"Content-Type": {"application/json"},
 		"Set-Cookie":   {"a=1", long, ""},
 		"X-Empty":      {},
@@ -148,14 +182,32 @@ func TestAppendClaimAndCompletedAreExact(t *testing.T) {
 	}
 	done := AppendCompleted([]byte("prefix"), c, resp)
 	want = AppendRecord([]byte("prefix"), &Record{State: Completed, Token: c.Token, Endpoint: c.Endpoint,
-		Fingerprint: c.Fingerprint, CreatedAt: c.CreatedAt, Status: 201, Header: resp.Header, Body: resp.Body, Truncated: true, OutcomeUnknown: true})
+		Fingerprint: c.Fingerprint, CreatedAt: c.CreatedAt, Status: 201, Header: resp.Header, Body: resp.Body, Truncated: true, OutcomeUnknown: true,
+		ExpiresAt: resp.ExpiresAt})
 	if cap(done) != len(done) || len(done) != len(want) {
 		t.Errorf("AppendCompleted: %d bytes (cap %d), want %d exactly", len(done), cap(done), len(want))
 	}
 	got, err := DecodeRecord(done[len("prefix"):])
 	if err != nil || got.State != Completed || got.Token != c.Token || got.Endpoint != long || got.Fingerprint != c.Fingerprint ||
-		!got.CreatedAt.Equal(c.CreatedAt) || got.Status != 201 || !got.Truncated || !got.OutcomeUnknown || string(got.Body) != "{}" ||
+		!got.CreatedAt.Equal(c.CreatedAt) || got.Status != 201 || !got.Truncated || !got.OutcomeUnknown || string(got.Body) != "{}" || !got.ExpiresAt.Equal(resp.ExpiresAt) ||
 		len(got.Header) != 3 || got.Header["Set-Cookie"][1] != long || len(got.Header["X-Empty"]) != 0 {
 		t.Fatalf("AppendCompleted decodes to %+v, %v", got, err)
+	}
+}
+
+// The watched flag is set in place on a stored claim by a store's script;
+// the claim must read the same with it, and its owner prefix be unchanged.
+func TestWatchedFlagIsIgnoredByDecoding(t *testing.T) {
+	c := &Claim{Token: Token{7}, Endpoint: "POST h/p", Fingerprint: Fingerprint{8}}
+	plain := AppendClaim(nil, c, time.Unix(9, 0))
+	watched := append([]byte(nil), plain...)
+	watched[FlagsOffset] |= FlagWatched
+	a, errA := DecodeRecord(plain)
+	b, errB := DecodeRecord(watched)
+	if errA != nil || errB != nil || !reflect.DeepEqual(a, b) {
+		t.Fatalf("a watched claim decodes to %+v, %v; unwatched %+v, %v", b, errB, a, errA)
+	}
+	if !Encoded(watched).ClaimedBy(c.Token) || !Encoded(watched).ExpiresAt().IsZero() {
+		t.Fatal("the watched flag changed what the head tells")
 	}
 }

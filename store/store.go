@@ -103,6 +103,10 @@ type Record struct {
 	// again, and there is no response to replay. Status, Header and Body
 	// are empty.
 	OutcomeUnknown bool
+	// ExpiresAt is when a completed record expires, by the clock of the
+	// instance that completed it, if its store wrote it into the record
+	// (the Redis store does, for its local tier); zero otherwise.
+	ExpiresAt time.Time
 }
 
 // Claim describes the request that wants to own a key.

@@ -33,6 +33,9 @@ type ClusterOptions struct {
 	// redirects, reach every node through its proxy. The cluster bus
 	// between nodes stays direct.
 	Proxied bool
+	// Args are more redis-server arguments for every node, such as
+	// "--rename-command", "SPUBLISH", "" to take a command away.
+	Args []string
 }
 
 // Cluster is a Redis Cluster of local redis-server processes owned by a
@@ -140,6 +143,7 @@ func (c *Cluster) startNode(t testing.TB, bin string) (*clusterNode, error) {
 			// Replicas sync at once instead of waiting 5s for more of them.
 			"--repl-diskless-sync-delay", "0",
 		)
+		args = append(args, c.opts.Args...)
 		if c.opts.Proxied {
 			n.proxy = faultproxy.Start(t, net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
 			_, pport, _ := net.SplitHostPort(n.proxy.Addr())

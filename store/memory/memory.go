@@ -1,6 +1,8 @@
 // Package memory is the embedded idempotency store: a bounded map inside the
 // Caddy process. It needs nothing to run, but it is not shared between
-// instances and forgets every key when the process exits.
+// instances and forgets every key when the process exits. Its table also
+// serves as Cache, the in-process copy of completed records that a shared
+// store keeps (the Redis store's local_cache).
 package memory
 
 import (

@@ -21,6 +21,7 @@ import (
 //	    write_timeout <duration>
 //	    pool_size    <number>
 //	    name         <name>
+//	    local_cache  <size>
 //	}
 //
 // address may be repeated; every other option may be given once.
@@ -54,6 +55,8 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			s.WriteTimeout, err = cfarg.Duration(d, opt, false)
 		case "name":
 			s.Name, err = cfarg.One(d, opt)
+		case "local_cache":
+			s.LocalCache, err = cfarg.Size(d, opt, 1<<62)
 		default:
 			err = cfarg.Unrecognized(d, opt)
 		}

@@ -30,11 +30,12 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 			write_timeout 2s
 			pool_size 20
 			name "orders (eu)"
+			local_cache 64MiB
 		}`, Store{
 			Name: "orders (eu)", Addresses: []string{"10.0.0.1:6379", "10.0.0.2:6379", "10.0.0.3:6379"}, MasterName: "mymaster",
 			Username: "idem", Password: "{env.REDIS_PASSWORD}", DB: 3, KeyPrefix: "shop", TLS: true,
 			DialTimeout: caddy.Duration(500 * time.Millisecond), ReadTimeout: caddy.Duration(time.Second),
-			WriteTimeout: caddy.Duration(2 * time.Second), PoolSize: 20,
+			WriteTimeout: caddy.Duration(2 * time.Second), PoolSize: 20, LocalCache: 64 << 20,
 		}},
 	} {
 		var got Store
@@ -63,6 +64,8 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 		{"redis {\n read_timeout -1s\n}", "read_timeout: invalid duration '-1s'"},
 		{"redis {\n write_timeout\n}", "write_timeout"},
 		{"redis {\n key_prefix a\n key_prefix b\n}", "key_prefix already specified"},
+		{"redis {\n local_cache lots\n}", "local_cache: invalid size 'lots'"},
+		{"redis {\n local_cache 0\n}", "local_cache: invalid size '0'"},
 	} {
 		var s Store
 		err := s.UnmarshalCaddyfile(caddyfile.NewTestDispenser(tc.input))

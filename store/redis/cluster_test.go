@@ -86,6 +86,14 @@ func TestCluster(t *testing.T) {
 	t.Run("Inspector", func(t *testing.T) {
 		storetest.RunInspector(t, func(t *testing.T) store.Store { return openCluster(t, cl, "test:"+t.Name()) })
 	})
+	t.Run("ContractWithLocalCache", func(t *testing.T) {
+		storetest.Run(t, func(t *testing.T) store.Store {
+			return live(t, storetest.Provision(t, &Store{Addresses: cl.Addrs(), KeyPrefix: "test:" + t.Name(), LocalCache: 1 << 20}))
+		})
+	})
+	t.Run("Events", func(t *testing.T) { testClusterEvents(t, cl) })
+	// Last: it moves a slot.
+	t.Run("EventsFollowTheirSlot", func(t *testing.T) { testClusterEventsFollowTheirSlot(t, cl) })
 }
 
 func testClusterKeySlot(t *testing.T, cl *testredis.Cluster) {

@@ -70,11 +70,21 @@ func (s *Store) Lookup(ctx context.Context, key store.Key) (*store.Record, time.
 	return rec, expiry(now(), pttl.Val()), nil
 }
 
-// Delete deletes key, whoever owns it.
+// Delete deletes key, whoever owns it, and announces the purge: every
+// instance drops the record from its local tier, and wakes its waiters,
+// if any, to claim the key anew. If the announcement fails, the record
+// may stay in other instances' tiers until it expires: the error says so,
+// and purging again announces it again.
 func (s *Store) Delete(ctx context.Context, key store.Key) (bool, error) {
 	n, err := s.client.Del(ctx, s.key(key)).Result()
 	if err != nil {
 		return false, store.Unavailable("deleting", err)
+	}
+	if s.tier != nil {
+		s.tier.Delete(key)
+	}
+	if err := s.announce(ctx, eventPurged, key); err != nil {
+		return n > 0, store.Unavailable("announcing the purge to other instances", err)
 	}
 	return n > 0, nil
 }

@@ -21,6 +21,13 @@ func (s *Store) key(k store.Key) string {
 	return b.String()
 }
 
+// eventsChannel is the Pub/Sub channel on which the stores of every
+// instance that use the prefix announce the end of a waited-for claim and
+// every purge. Its hash tag is the same for every prefix, so that on a
+// Cluster the channels of all the prefixes a client serves live on one
+// shard, as one sharded subscription requires.
+func eventsChannel(prefix string) string { return prefix + ":{events}" }
+
 // parseKey recovers the store key from a Redis key, <prefix>:{<hex>}.
 func parseKey(k, prefix string) (store.Key, bool) {
 	var key store.Key

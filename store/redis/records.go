@@ -14,28 +14,48 @@ import (
 // The scripts check "in progress and owned by this token" with one compare
 // of a GETRANGE, whatever the size of the record: ARGV[1] is the claim's
 // owner prefix (store.AppendOwner), and its length is how much of the
-// record they read.
+// record they compare. They answer 0 when the token does not own the claim.
 //
-// complete swaps an owned claim for the completed record ARGV[2], which
+// The completion and release scripts read the head up to the flags byte
+// (ARGV[2], store.FlagsOffset) and answer 2 rather than 1 if the claim
+// carries store.FlagWatched (ARGV[3]), which a waiter set (notifyScript):
+// only then is the end announced. Every script touches the one key of its
+// record: a second key, even in the same slot, would make the scripts
+// fail with TRYAGAIN while a Cluster migrates the slot.
+//
+// complete swaps an owned claim for the completed record ARGV[4], which
 // the handler encodes whole (the claim's binding included), so the script
 // only compares the owner prefix and SETs. When go-redis resends the script
 // because the first reply was late, the second run finds the record's own
 // prefix (state completed, same token) and must report success rather than
-// a lost claim.
+// a lost claim: it answers 3, since what it was given is not what the
+// first run stored, should the caller have changed it.
 var completeScript = goredis.NewScript(`
-local head = redis.call('GETRANGE', KEYS[1], 0, #ARGV[1] - 1)
-if head == ARGV[1] then
-	redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+local head = redis.call('GETRANGE', KEYS[1], 0, ARGV[2])
+local owner = string.sub(head, 1, #ARGV[1])
+if owner == ARGV[1] then
+	redis.call('SET', KEYS[1], ARGV[4], 'PX', ARGV[5])
+	if bit.band(string.byte(head, ARGV[2] + 1) or 0, tonumber(ARGV[3])) ~= 0 then return 2 end
 	return 1
 end
-if head == string.sub(ARGV[2], 1, #ARGV[1]) then return 1 end
+if owner == string.sub(ARGV[4], 1, #ARGV[1]) then return 3 end
 return 0
 `)
 
 var releaseScript = goredis.NewScript(`
-if redis.call('GETRANGE', KEYS[1], 0, #ARGV[1] - 1) ~= ARGV[1] then return 0 end
-return redis.call('DEL', KEYS[1])
+local head = redis.call('GETRANGE', KEYS[1], 0, ARGV[2])
+if string.sub(head, 1, #ARGV[1]) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+if bit.band(string.byte(head, ARGV[2] + 1) or 0, tonumber(ARGV[3])) ~= 0 then return 2 end
+return 1
 `)
+
+// The answers of the completion and release scripts that say more than
+// success (1) or ErrNotOwner (0).
+const (
+	endedWatched    = 2
+	completedBefore = 3
+)
 
 var renewScript = goredis.NewScript(`
 if redis.call('GETRANGE', KEYS[1], 0, #ARGV[1] - 1) ~= ARGV[1] then return 0 end
@@ -64,8 +84,17 @@ var now = time.Now
 
 // Acquire claims key with SET NX GET: one command that either stores the
 // claim or returns the live record, which Redis expires by itself when the
-// lease or the TTL passes.
+// lease or the TTL passes. With a local tier, a completed record found
+// there is answered without asking Redis, and one that Redis returns is
+// kept there.
 func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (*store.Record, error) {
+	var version uint64
+	if s.tier != nil {
+		if blob := s.tier.Get(key); blob != nil {
+			return decode(blob)
+		}
+		version = s.tier.Version()
+	}
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	// c.TookOver stays false: a claim's key carries its lease as a TTL, so
@@ -85,52 +114,95 @@ func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (*st
 	if err != nil {
 		return nil, store.Unavailable("acquiring", err)
 	}
-	rec, err := store.DecodeRecord(old)
+	rec, err := decode(old)
 	if err != nil {
-		return nil, store.Unavailable("decoding record", err)
+		return nil, err
 	}
 	// go-redis retries a command whose reply was lost; the record found may
 	// then be this very claim, stored by the first attempt.
 	if rec.State == store.InProgress && rec.Token == c.Token {
 		return nil, nil
 	}
+	if s.tier != nil && rec.State == store.Completed {
+		// old is the command's own copy, which rec's body aliases and
+		// nothing writes to.
+		s.tier.Put(key, old, version)
+	}
 	return rec, nil
 }
 
-// Complete stores rec in place of the claim c, for ttl.
+func decode(b []byte) (*store.Record, error) {
+	rec, err := store.DecodeRecord(b)
+	if err != nil {
+		return nil, store.Unavailable("decoding record", err)
+	}
+	return rec, nil
+}
+
+// Complete stores rec in place of the claim c, for ttl. The record carries
+// its expiry, by this instance's clock, for the local tiers of every
+// instance: Redis's own TTL starts a little later, when the script runs, so
+// a tier never keeps a record longer than Redis does unless clocks differ.
 func (s *Store) Complete(ctx context.Context, key store.Key, c *store.Claim, rec *store.Record, ttl time.Duration) error {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	buf := getBuffer()
-	defer putBuffer(buf)
-	*buf = store.AppendCompleted((*buf)[:0], c, rec)
-	return s.owned(completeScript.Run(ctx, s.client, []string{s.key(key)}, owner(c.Token), *buf, millis(ttl)), "completing")
+	done := *rec
+	done.ExpiresAt = now().Add(ttl)
+	var blob []byte
+	var version uint64
+	if s.tier != nil {
+		// Encoded at its exact size, to be kept by the tier.
+		version = s.tier.Version()
+		blob = store.AppendCompleted(nil, c, &done)
+	} else {
+		buf := getBuffer()
+		defer putBuffer(buf)
+		*buf = store.AppendCompleted((*buf)[:0], c, &done)
+		blob = *buf
+	}
+	n, err := s.owned(completeScript.Run(ctx, s.client, []string{s.key(key)}, owner(c.Token), store.FlagsOffset, store.FlagWatched, blob, millis(ttl)), "completing")
+	if err != nil || n == completedBefore {
+		return err
+	}
+	if s.tier != nil {
+		s.tier.Put(key, blob, version)
+	}
+	if n == endedWatched {
+		_ = s.announce(ctx, eventEnded, key)
+	}
+	return nil
 }
 
 // Release deletes the claim held by token.
 func (s *Store) Release(ctx context.Context, key store.Key, token store.Token) error {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	return s.owned(releaseScript.Run(ctx, s.client, []string{s.key(key)}, owner(token)), "releasing")
+	n, err := s.owned(releaseScript.Run(ctx, s.client, []string{s.key(key)}, owner(token), store.FlagsOffset, store.FlagWatched), "releasing")
+	if n == endedWatched {
+		_ = s.announce(ctx, eventEnded, key)
+	}
+	return err
 }
 
 // Renew sets the lease of the claim held by token to lease from now.
 func (s *Store) Renew(ctx context.Context, key store.Key, token store.Token, lease time.Duration) error {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	return s.owned(renewScript.Run(ctx, s.client, []string{s.key(key)}, owner(token), millis(lease)), "renewing")
+	_, err := s.owned(renewScript.Run(ctx, s.client, []string{s.key(key)}, owner(token), millis(lease)), "renewing")
+	return err
 }
 
-// owned turns a script's 0 or 1 into ErrNotOwner or success.
-func (s *Store) owned(cmd *goredis.Cmd, op string) error {
+// owned turns a script's 0 into ErrNotOwner, and passes its other answers
+// on.
+func (s *Store) owned(cmd *goredis.Cmd, op string) (int64, error) {
 	n, err := cmd.Int64()
 	switch {
 	case err != nil:
-		return store.Unavailable(op, err)
+		return 0, store.Unavailable(op, err)
 	case n == 0:
-		return store.ErrNotOwner
+		return 0, store.ErrNotOwner
 	}
-	return nil
+	return n, nil
 }
 
 // buffers hold encoded records while go-redis writes them: it is done with

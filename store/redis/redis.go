@@ -1,6 +1,10 @@
 // Package redis is the Redis backend of the idempotency handler. Each store
 // method is one round trip: Acquire is a single SET NX GET, and the calls
-// that must check the owner token are short server-side scripts.
+// that must check the owner token are short server-side scripts. Instances
+// that share a Redis hear from each other through one Pub/Sub
+// subscription per client (subscriber.go): waiting duplicates are woken
+// when a claim ends elsewhere, and purges reach the local tier
+// (local_cache), which replays completed records without a round trip.
 package redis
 
 import (
@@ -20,6 +24,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-idempotency/caddy-idempotency/store"
+	"github.com/caddy-idempotency/caddy-idempotency/store/memory"
 )
 
 func init() {
@@ -91,6 +96,13 @@ type Store struct {
 	// Default: go-redis's, 10 per CPU.
 	PoolSize int `json:"pool_size,omitempty"`
 
+	// LocalCache is the size in bytes of this instance's local tier: a copy
+	// of the completed records it has seen, replayed without asking Redis,
+	// each until its expiry, the oldest evicted first when full. Purges on
+	// any instance reach it over Pub/Sub; while that subscription is down
+	// it is emptied and unused. Default: 0, no local tier.
+	LocalCache int64 `json:"local_cache,omitempty"`
+
 	// Resolved at provisioning; the exported fields keep what was written.
 	opts   goredis.UniversalOptions
 	prefix string
@@ -101,6 +113,9 @@ type Store struct {
 	poolKey     string
 	name        string // in the store registry
 	client      goredis.UniversalClient
+	events      *subscriber   // the client's
+	channel     string        // this prefix's events channel
+	tier        *memory.Cache // nil without local_cache
 	logger      *zap.Logger
 }
 
@@ -113,12 +128,19 @@ func (Store) CaddyModule() caddy.ModuleInfo {
 }
 
 // clients lets every configuration that asks for the same Redis share one
-// client, so a config reload neither drops nor doubles connections.
+// client, so a config reload neither drops nor doubles connections, nor
+// the client's subscription and local tiers.
 var clients = caddy.NewUsagePool()
 
-type sharedClient struct{ goredis.UniversalClient }
+type sharedClient struct {
+	goredis.UniversalClient
+	events *subscriber
+}
 
-func (c sharedClient) Destruct() error { return c.Close() }
+func (c *sharedClient) Destruct() error {
+	c.events.close()
+	return c.Close()
+}
 
 // Provision resolves placeholders, applies defaults and gets a client. It
 // does not fail when Redis is down: Caddy must start anyway, and requests
@@ -157,8 +179,13 @@ func (s *Store) Provision(ctx caddy.Context) error {
 	if err := s.Validate(); err != nil {
 		return err
 	}
-	if len(s.opts.Addrs) > 1 && s.opts.MasterName == "" {
+	cluster := len(s.opts.Addrs) > 1 && s.opts.MasterName == ""
+	if cluster {
 		s.callTimeout = s.opts.DialTimeout + 2*s.opts.ReadTimeout + s.opts.WriteTimeout
+	}
+	losses, err := store.SubscriptionLosses(ctx.GetMetricsRegistry())
+	if err != nil {
+		return fmt.Errorf("registering metrics: %w", err)
 	}
 
 	s.poolKey = s.clientKey()
@@ -167,15 +194,19 @@ func (s *Store) Provision(ctx caddy.Context) error {
 		if s.TLS {
 			opts.Dialer = tlsDialer(opts.DialTimeout)
 		}
-		return sharedClient{goredis.NewUniversalClient(&opts)}, nil
+		client := goredis.NewUniversalClient(&opts)
+		return &sharedClient{client, newSubscriber(client, cluster, losses, s.logger)}, nil
 	})
 	if err != nil {
 		s.poolKey = ""
 		return fmt.Errorf("creating redis client: %w", err)
 	}
-	s.client = val.(sharedClient).UniversalClient
+	shared := val.(*sharedClient)
+	s.client, s.events = shared.UniversalClient, shared.events
+	s.channel = eventsChannel(s.prefix)
 	records := s.defaultName()
 	s.name = cmp.Or(s.Name, records)
+	s.tier = s.events.join(s.channel, s.LocalCache, s.name)
 	if err := store.Register(ctx.Context, store.Registration{Name: s.name, Module: "redis", Store: s}, records); err != nil {
 		return err // Caddy's call of Cleanup gives the client back
 	}
@@ -216,6 +247,8 @@ func (s *Store) Validate() error {
 		return fmt.Errorf("db %d is not supported on a Redis Cluster (several addresses without master_name)", s.DB)
 	case s.PoolSize < 0:
 		return fmt.Errorf("pool_size %d is negative", s.PoolSize)
+	case s.LocalCache < 0:
+		return fmt.Errorf("local_cache %d is negative", s.LocalCache)
 	case s.DialTimeout < 0 || s.ReadTimeout < 0 || s.WriteTimeout < 0:
 		return errors.New("dial_timeout, read_timeout and write_timeout must not be negative")
 	case strings.ContainsAny(s.prefix, "{}"):
@@ -232,7 +265,11 @@ func (s *Store) Cleanup() error {
 	}
 	// The client stays: requests of the old config may still be finishing
 	// after a reload; once the last user is gone their calls fail as
-	// unavailable instead of dereferencing nil.
+	// unavailable instead of dereferencing nil. So does the tier, which the
+	// last store to leave it suspends.
+	if s.poolKey != "" {
+		s.events.leave(s.channel, s.LocalCache, s.name)
+	}
 	if err := store.Detach(s, s.name, clients, &s.poolKey); err != nil {
 		return fmt.Errorf("closing redis client: %w", err)
 	}
@@ -246,8 +283,8 @@ func (s Store) String() string {
 	if s.Password != "" {
 		pw = "<redacted>"
 	}
-	return fmt.Sprintf("redis{addresses=%v master_name=%q username=%q password=%q db=%d key_prefix=%q tls=%t}",
-		s.Addresses, s.MasterName, s.Username, pw, s.DB, s.KeyPrefix, s.TLS)
+	return fmt.Sprintf("redis{addresses=%v master_name=%q username=%q password=%q db=%d key_prefix=%q tls=%t local_cache=%d}",
+		s.Addresses, s.MasterName, s.Username, pw, s.DB, s.KeyPrefix, s.TLS, s.LocalCache)
 }
 
 // GoString keeps %#v from printing the password.

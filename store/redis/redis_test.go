@@ -112,6 +112,7 @@ func TestValidate(t *testing.T) {
 		{&Store{Addresses: []string{"a:1", "b:1"}, DB: 2}, "db 2"},
 		{&Store{DB: -1}, "db -1"},
 		{&Store{PoolSize: -1}, "pool_size -1"},
+		{&Store{LocalCache: -1}, "local_cache -1"},
 		{&Store{ReadTimeout: -1}, "read_timeout"},
 		{&Store{KeyPrefix: "a{b}"}, "key_prefix 'a{b}'"},
 	} {
