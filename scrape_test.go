@@ -76,6 +76,7 @@ http://localhost:9583 {
 	handle /file/* {
 		idempotency {
 			store file {
+				name file
 				path %[2]q
 			}
 		}
@@ -85,6 +86,8 @@ http://localhost:9583 {
 		idempotency {
 			lock_timeout 1s
 			store redis {
+				name redis
+				local_cache 1MiB
 				address %[3]s
 				dial_timeout 200ms
 				read_timeout 200ms
@@ -95,6 +98,7 @@ http://localhost:9583 {
 	handle /postgres/* {
 		idempotency {
 			store postgres {
+				name postgres
 				dsn %[4]q
 				table idem_dashboard_%[5]d
 			}
@@ -230,6 +234,11 @@ http://localhost:9583 {
 	}
 	if !more("caddy_idempotency_store_errors_total", "store", "redis", "operation", "acquire") {
 		t.Error("no store error counted")
+	}
+	// The local cache keeps a subscription from provisioning on: the kill
+	// of Redis dropped it.
+	if !more("caddy_idempotency_store_subscription_losses_total", "store", "redis") {
+		t.Error("no lost subscription counted")
 	}
 	exp := exposeFamilies(after)
 
