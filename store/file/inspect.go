@@ -88,12 +88,12 @@ func (s *Store) InFlight(ctx context.Context, olderThan time.Duration, limit int
 	}
 	t := now()
 	cutoff := t.Add(-olderThan)
-	held, err := s.db.claims.list(t, cutoff)
+	inMemory, err := s.db.claims.list(t, cutoff)
 	if err != nil {
 		return nil, store.Unavailable("listing claims", err)
 	}
-	out := make([]store.Entry, 0, len(held))
-	for k, e := range held {
+	out := make([]store.Entry, 0, len(inMemory))
+	for k, e := range inMemory {
 		rec, err := store.DecodeRecord(e.blob)
 		if err != nil {
 			return nil, err
@@ -109,9 +109,6 @@ func (s *Store) InFlight(ctx context.Context, olderThan time.Duration, limit int
 			}
 			head := encoded(v)
 			if len(k) != len(store.Key{}) || head.State() != store.InProgress || !live(v, t) || head.CreatedAt().After(cutoff) {
-				continue
-			}
-			if _, ok := held[store.Key(k)]; ok {
 				continue
 			}
 			rec, err := store.DecodeRecord(bytes.Clone(head))
