@@ -7,8 +7,8 @@ import (
 	bolt "go.etcd.io/bbolt"
 )
 
-// groupCommit lets concurrent requests share one write transaction, and so
-// one fsync, without making a lone request wait: every store write syncs
+// groupCommit lets concurrent completions share one write transaction, and
+// so one fsync, without making a lone request wait: every completion syncs
 // the file, and one sync at a time is what bounds the store's throughput.
 //
 // A writer that finds no commit in progress commits at once, alone. Writers
@@ -19,7 +19,7 @@ import (
 //
 // Each function runs once, in queue order, inside the shared transaction,
 // and its error is its own: it must return before writing anything when it
-// fails (the owner checks do), so that it leaves no trace in a transaction
+// fails (the owner check does), so that it leaves no trace in a transaction
 // that commits the others. If the commit itself fails, every writer in it
 // gets that error, and none of their writes were made.
 type groupCommit struct {

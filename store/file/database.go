@@ -27,11 +27,12 @@ const (
 // sweepInterval is a variable for tests; each database reads it once.
 var sweepInterval = time.Minute
 
-// database is one open file and its sweeper, shared by every config that
-// uses it.
+// database is one open file, the claims in flight on it, and its sweeper,
+// shared by every config that uses it.
 type database struct {
 	*bolt.DB
-	writes   groupCommit // the store's writes; the sweeper and the admin API use Update
+	claims   *claims
+	writes   groupCommit // the completions; the sweeper and the admin API use Update
 	logger   *zap.Logger
 	interval time.Duration
 	stop     context.CancelFunc
@@ -56,7 +57,7 @@ func openDatabase(path string, logger *zap.Logger) (*database, error) {
 		return nil, fmt.Errorf("creating bucket in %s: %w", path, err)
 	}
 	ctx, stop := context.WithCancel(context.Background())
-	d := &database{DB: db, writes: groupCommit{db: db}, logger: logger, interval: sweepInterval, stop: stop, done: make(chan struct{})}
+	d := &database{DB: db, claims: newClaims(), writes: groupCommit{db: db}, logger: logger, interval: sweepInterval, stop: stop, done: make(chan struct{})}
 	go d.run(ctx)
 	return d, nil
 }
@@ -64,13 +65,15 @@ func openDatabase(path string, logger *zap.Logger) (*database, error) {
 // Destruct stops the sweeper and closes the file when the last config
 // using it is gone. bbolt's Close waits for running transactions.
 func (d *database) Destruct() error {
+	d.claims.close()
 	d.stop()
 	<-d.done
 	return d.Close()
 }
 
-// run deletes expired records every interval until Destruct. They
-// are already treated as absent; sweeping only bounds the file's size.
+// run deletes expired records and claims every interval until Destruct.
+// They are already treated as absent; sweeping only bounds the file's size
+// and the memory that claims hold.
 func (d *database) run(ctx context.Context) {
 	defer close(d.done)
 	tick := time.NewTicker(d.interval)
@@ -81,6 +84,7 @@ func (d *database) run(ctx context.Context) {
 			return
 		case <-tick.C:
 		}
+		d.claims.sweep(now())
 		n, err := d.sweep(ctx, sweepBatch, nil)
 		if err != nil && ctx.Err() == nil {
 			d.logger.Warn("deleting expired idempotency records", zap.Int("deleted", n), zap.Error(err))

@@ -79,27 +79,35 @@ func TestSweepStopsWithContext(t *testing.T) {
 	}
 }
 
-// The background sweeper runs on its own and stops with the last user,
-// which closes the file.
+// The background sweeper runs on its own, on the file and the claims in
+// memory, and stops with the last user, which closes the file.
 func TestSweeperRunsAndStops(t *testing.T) {
 	defer func(d time.Duration) { sweepInterval = d }(sweepInterval)
 	sweepInterval = 20 * time.Millisecond
 	s := storetest.Provision(t, &Store{Path: t.TempDir()})
 	ctx := context.Background()
-	k, c := storetest.NewKey(), claim(time.Millisecond)
+	k, c := storetest.NewKey(), claim(time.Minute)
 	if _, err := s.Acquire(ctx, k, c); err != nil {
 		t.Fatal(err)
 	}
-	keys := func() (n int) {
+	if err := s.Complete(ctx, k, c, &store.Record{Status: 200}, time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Acquire(ctx, storetest.NewKey(), claim(time.Millisecond)); err != nil {
+		t.Fatal(err)
+	}
+	left := func() (n int) {
 		s.db.View(func(tx *bolt.Tx) error {
 			n = tx.Bucket(records).Stats().KeyN
 			return nil
 		})
-		return n
+		s.db.claims.mu.Lock()
+		defer s.db.claims.mu.Unlock()
+		return n + len(s.db.claims.byKey)
 	}
-	for deadline := time.Now().Add(10 * time.Second); keys() != 0; {
+	for deadline := time.Now().Add(10 * time.Second); left() != 0; {
 		if time.Now().After(deadline) {
-			t.Fatal("the sweeper did not delete the expired claim within 10s")
+			t.Fatal("the sweeper did not delete the expired record and claim within 10s")
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

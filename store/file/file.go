@@ -1,8 +1,11 @@
 // Package file is the on-disk idempotency store: a bbolt database in one
 // file, for a single Caddy instance that must keep its records across
-// restarts and crashes without running a database server. Every store call
-// is one bbolt transaction, and bbolt syncs each write to disk before it
-// returns, so a completed record survives a kill of the process.
+// restarts and crashes without running a database server. A completion is
+// one bbolt transaction, synced to disk before it returns, so a completed
+// record survives a kill of the process. Claims are kept in memory: the
+// file is locked by one process, which alone claims its keys, and a claim
+// lost in a crash only lets the retry run at once rather than after the
+// lease, which the guarantees allow.
 package file
 
 import (

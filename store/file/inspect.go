@@ -15,15 +15,26 @@ import (
 // links, as in "file /var/lib/caddy/idempotency".
 func defaultName(dir string) string { return "file " + dir }
 
-// Lookup reads key's live record and its expiry in a read-only
-// transaction.
+// Lookup returns key's claim from memory, or else its live record from the
+// file, read in a read-only transaction, and its expiry.
 func (s *Store) Lookup(ctx context.Context, key store.Key) (*store.Record, time.Time, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, time.Time{}, store.Unavailable("looking up", err)
 	}
+	blob, exp, ok, err := s.db.claims.lookup(key, now())
+	if err != nil {
+		return nil, time.Time{}, store.Unavailable("looking up", err)
+	}
+	if ok {
+		rec, err := store.DecodeRecord(blob)
+		if err != nil {
+			return nil, time.Time{}, err
+		}
+		return rec, time.Unix(0, exp), nil
+	}
 	var rec *store.Record
 	var expires time.Time
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err = s.db.View(func(tx *bolt.Tx) error {
 		var err error
 		b := tx.Bucket(records)
 		if rec, err = liveRecord(b, key, now()); err != nil || rec == nil {
@@ -38,20 +49,25 @@ func (s *Store) Lookup(ctx context.Context, key store.Key) (*store.Record, time.
 	return rec, expires, nil
 }
 
-// Delete removes key's record, whoever owns it, expired or not, and
-// reports whether it was live.
+// Delete removes key's claim and its record in the file, whoever owns
+// them, expired or not, and reports whether either was live. The file is
+// written after the claim is gone, so that a completion committed
+// meanwhile by the claim's owner is deleted too.
 func (s *Store) Delete(ctx context.Context, key store.Key) (bool, error) {
 	if err := ctx.Err(); err != nil {
 		return false, store.Unavailable("deleting", err)
 	}
-	var found bool
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	found, err := s.db.claims.remove(key, now())
+	if err != nil {
+		return false, store.Unavailable("deleting", err)
+	}
+	err = s.db.Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(records)
 		v := b.Get(key[:])
 		if v == nil {
 			return nil
 		}
-		found = live(v, now())
+		found = live(v, now()) || found
 		return b.Delete(key[:])
 	})
 	if err != nil {
@@ -60,9 +76,10 @@ func (s *Store) Delete(ctx context.Context, key store.Key) (bool, error) {
 	return found, nil
 }
 
-// InFlight walks the whole bucket with a cursor in one read-only
-// transaction, which writers do not wait for, reading only the fixed head
-// of each value and decoding the claims it keeps.
+// InFlight lists the claims in memory, then walks the whole bucket with a
+// cursor in one read-only transaction, which writers do not wait for, for
+// the claims an older version of this store left in the file until their
+// lease passes. It reads only the fixed head of each value.
 func (s *Store) InFlight(ctx context.Context, olderThan time.Duration, limit int) ([]store.Entry, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, store.Unavailable("listing claims", err)
@@ -70,10 +87,21 @@ func (s *Store) InFlight(ctx context.Context, olderThan time.Duration, limit int
 	if limit <= 0 {
 		return nil, nil
 	}
-	var out []store.Entry
-	err := s.db.View(func(tx *bolt.Tx) error {
-		t := now()
-		cutoff := t.Add(-olderThan)
+	t := now()
+	cutoff := t.Add(-olderThan)
+	inMemory, err := s.db.claims.list(t, cutoff)
+	if err != nil {
+		return nil, store.Unavailable("listing claims", err)
+	}
+	out := make([]store.Entry, 0, len(inMemory))
+	for k, e := range inMemory {
+		rec, err := store.DecodeRecord(e.blob)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, store.Entry{Key: k, Summary: store.Summarize(rec), ExpiresAt: time.Unix(0, e.expires)})
+	}
+	err = s.db.View(func(tx *bolt.Tx) error {
 		c := tx.Bucket(records).Cursor()
 		scanned := 0
 		for k, v := c.First(); k != nil; k, v = c.Next() {

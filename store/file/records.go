@@ -1,7 +1,6 @@
 package file
 
 import (
-	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -12,104 +11,117 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
-// ownedBy reports whether v is a live in-progress claim held by token.
-func ownedBy(v []byte, token store.Token, t time.Time) bool {
-	return live(v, t) && encoded(v).ClaimedBy(token)
-}
-
 // deadClaim reports whether v is an in-progress claim whose lease has
-// passed: its owner died or stalled, and claiming the key takes it over.
+// passed. Claims are no longer written to the file; this one was left by
+// an older version of this store, whose process died while it held it.
 func deadClaim(v []byte, t time.Time) bool {
 	return !live(v, t) && encoded(v).State() == store.InProgress
 }
 
-// Acquire claims key for c unless a live record exists. A read-only
-// transaction answers replays and conflicts without taking the single
-// writer lock or syncing the file; only a claim writes, and it checks again
-// under the lock.
+// onDisk reads key's live record from the file in a read-only
+// transaction, which neither takes the writer lock nor syncs, and reports
+// whether the file holds a dead claim of key instead.
+func (d *database) onDisk(key store.Key) (rec *store.Record, dead bool, err error) {
+	err = d.View(func(tx *bolt.Tx) error {
+		b, t := tx.Bucket(records), now()
+		if rec, err = liveRecord(b, key, t); err != nil || rec != nil {
+			return err
+		}
+		dead = deadClaim(b.Get(key[:]), t)
+		return nil
+	})
+	return rec, dead, err
+}
+
+// Acquire claims key for c unless a live record exists: a completed record
+// in the file (or a claim that an older version left there, until its
+// lease passes), or a claim in memory. The claim itself is made in memory
+// and costs no sync.
+//
+// The file is read twice: an owner commits its completion before it drops
+// its claim, so a completion committed between the first read and the
+// claim is found by the second read, and the claim is withdrawn.
 func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (*store.Record, error) {
 	c.TookOver = false
 	if err := ctx.Err(); err != nil {
 		return nil, store.Unavailable("acquiring", err)
 	}
-	var rec *store.Record
-	err := s.db.View(func(tx *bolt.Tx) error {
-		var err error
-		rec, err = liveRecord(tx.Bucket(records), key, now())
-		return err
-	})
+	rec, dead, err := s.db.onDisk(key)
 	if err != nil {
 		return nil, store.Unavailable("acquiring", err)
 	}
 	if rec != nil {
 		return rec, nil
 	}
-	var (
-		tookOver bool
-		created  time.Time
-	)
-	err = s.db.writes.update(func(tx *bolt.Tx) error {
-		b := tx.Bucket(records)
-		t := now()
-		var err error
-		if rec, err = liveRecord(b, key, t); err != nil || rec != nil {
-			return err
-		}
-		tookOver, created = deadClaim(b.Get(key[:]), t), t
-		return b.Put(key[:], store.AppendClaim(expiry(t.Add(c.Lease)), c, t))
-	})
+	t := now()
+	holder, mine, tookOver, err := s.db.claims.take(key, c, t, dead)
 	if err != nil {
 		return nil, store.Unavailable("acquiring", err)
 	}
-	if rec == nil {
-		c.TookOver, c.CreatedAt = tookOver, created
+	if holder != nil {
+		return store.DecodeRecord(holder)
 	}
-	return rec, nil
-}
-
-// Complete replaces the claim c with rec, kept for ttl, under c's binding.
-func (s *Store) Complete(ctx context.Context, key store.Key, c *store.Claim, rec *store.Record, ttl time.Duration) error {
-	return s.update(ctx, "completing", key, c.Token, func(b *bolt.Bucket, _ []byte, t time.Time) error {
-		return b.Put(key[:], store.AppendCompleted(expiry(t.Add(ttl)), c, rec))
-	})
-}
-
-// Release deletes the claim held by token.
-func (s *Store) Release(ctx context.Context, key store.Key, token store.Token) error {
-	return s.update(ctx, "releasing", key, token, func(b *bolt.Bucket, _ []byte, _ time.Time) error {
-		return b.Delete(key[:])
-	})
-}
-
-// Renew sets the lease of the claim held by token to lease from now.
-func (s *Store) Renew(ctx context.Context, key store.Key, token store.Token, lease time.Duration) error {
-	return s.update(ctx, "renewing", key, token, func(b *bolt.Bucket, v []byte, t time.Time) error {
-		// v belongs to bbolt's memory map: write a copy.
-		nv := bytes.Clone(v)
-		binary.BigEndian.PutUint64(nv, uint64(t.Add(lease).UnixNano()))
-		return b.Put(key[:], nv)
-	})
-}
-
-// update runs fn in a write transaction if token holds key's claim, and
-// returns store.ErrNotOwner otherwise.
-func (s *Store) update(ctx context.Context, op string, key store.Key, token store.Token,
-	fn func(b *bolt.Bucket, v []byte, t time.Time) error) error {
-	if err := ctx.Err(); err != nil {
-		return store.Unavailable(op, err)
-	}
-	err := s.db.writes.update(func(tx *bolt.Tx) error {
-		b := tx.Bucket(records)
-		v, t := b.Get(key[:]), now()
-		if !ownedBy(v, token, t) {
-			return store.ErrNotOwner
+	if rec, _, err = s.db.onDisk(key); err != nil || rec != nil {
+		s.db.claims.withdraw(key, mine)
+		if err != nil {
+			return nil, store.Unavailable("acquiring", err)
 		}
-		return fn(b, v, t)
-	})
-	if err != nil && !errors.Is(err, store.ErrNotOwner) {
-		return store.Unavailable(op, err)
+		return rec, nil
 	}
-	return err
+	c.TookOver, c.CreatedAt = tookOver, t
+	return nil, nil
+}
+
+// Complete writes rec, kept for ttl under c's binding, to the file if c
+// still holds the key, then drops the claim. Concurrent completions share
+// one commit (group commit).
+func (s *Store) Complete(ctx context.Context, key store.Key, c *store.Claim, rec *store.Record, ttl time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return store.Unavailable("completing", err)
+	}
+	// Encoded before the transaction, which holds the single writer lock;
+	// the expiry is set inside it.
+	v := store.AppendCompleted(expiry(time.Time{}), c, rec)
+	var pinned *held
+	err := s.db.writes.update(func(tx *bolt.Tx) error {
+		t := now()
+		var err error
+		if pinned, err = s.db.claims.pin(key, c.Token, t); err != nil {
+			return err
+		}
+		binary.BigEndian.PutUint64(v, uint64(t.Add(ttl).UnixNano()))
+		return tx.Bucket(records).Put(key[:], v)
+	})
+	if pinned != nil {
+		s.db.claims.settle(key, pinned, err == nil)
+	}
+	return unlessNotOwner("completing", err)
+}
+
+// Release deletes the claim held by token. It writes nothing to the file.
+func (s *Store) Release(ctx context.Context, key store.Key, token store.Token) error {
+	if err := ctx.Err(); err != nil {
+		return store.Unavailable("releasing", err)
+	}
+	return unlessNotOwner("releasing", s.db.claims.release(key, token, now()))
+}
+
+// Renew sets the lease of the claim held by token to lease from now. It
+// writes nothing to the file.
+func (s *Store) Renew(ctx context.Context, key store.Key, token store.Token, lease time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return store.Unavailable("renewing", err)
+	}
+	return unlessNotOwner("renewing", s.db.claims.renew(key, token, lease, now()))
+}
+
+// unlessNotOwner wraps err, the failure of op, in store.ErrUnavailable,
+// unless it is store.ErrNotOwner.
+func unlessNotOwner(op string, err error) error {
+	if err == nil || errors.Is(err, store.ErrNotOwner) {
+		return err
+	}
+	return store.Unavailable(op, err)
 }
 
 var _ store.Store = (*Store)(nil)

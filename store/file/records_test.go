@@ -2,8 +2,12 @@ package file
 
 import (
 	"context"
+	"errors"
+	"sync"
 	"testing"
 	"time"
+
+	bolt "go.etcd.io/bbolt"
 
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 	"github.com/caddy-idempotency/caddy-idempotency/store/storetest"
@@ -14,21 +18,21 @@ func TestContract(t *testing.T) {
 	storetest.RunTakeover(t, func(t *testing.T) store.Store { return storetest.Provision(t, &Store{Path: t.TempDir()}) })
 }
 
-// A completed record and an in-progress claim survive closing the file;
-// the claim still expires after its lease.
+// A completed record survives closing the file; a claim, kept in memory,
+// does not: after a restart the key is free at once.
 func TestPersistence(t *testing.T) {
 	dir := t.TempDir()
 	ctx := context.Background()
 	s := storetest.Provision(t, &Store{Path: dir})
 	done, doneClaim := storetest.NewKey(), claim(time.Minute)
-	held, heldClaim := storetest.NewKey(), claim(500*time.Millisecond)
+	held := storetest.NewKey()
 	if _, err := s.Acquire(ctx, done, doneClaim); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Complete(ctx, done, doneClaim, &store.Record{Status: 201, Body: []byte("kept")}, time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Acquire(ctx, held, heldClaim); err != nil {
+	if _, err := s.Acquire(ctx, held, claim(time.Minute)); err != nil {
 		t.Fatal(err)
 	}
 	s.Cleanup()
@@ -38,12 +42,131 @@ func TestPersistence(t *testing.T) {
 		rec.State != store.Completed || string(rec.Body) != "kept" || rec.Endpoint != doneClaim.Endpoint {
 		t.Fatalf("completed record after reopening = %+v, %v", rec, err)
 	}
-	if rec, err := s.Acquire(ctx, held, claim(time.Minute)); err != nil || rec == nil || rec.Token != heldClaim.Token {
-		t.Fatalf("claim after reopening = %+v, %v; want it still held", rec, err)
+	c := claim(time.Minute)
+	if rec, err := s.Acquire(ctx, held, c); rec != nil || err != nil || c.TookOver {
+		t.Fatalf("claimed key after reopening = %+v, %v, TookOver %v; want a new claim", rec, err, c.TookOver)
 	}
-	time.Sleep(600 * time.Millisecond)
-	if rec, err := s.Acquire(ctx, held, claim(time.Minute)); rec != nil || err != nil {
-		t.Fatalf("claim after its lease = %+v, %v; want a takeover", rec, err)
+}
+
+// keysInFile counts the values in the file.
+func keysInFile(t *testing.T, s *Store) (n int) {
+	t.Helper()
+	if err := s.db.View(func(tx *bolt.Tx) error {
+		n = tx.Bucket(records).Stats().KeyN
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// A new key costs one write to the file, its completion: claiming,
+// renewing and releasing touch memory alone.
+func TestOnlyCompletionsWriteTheFile(t *testing.T) {
+	s := storetest.Provision(t, &Store{Path: t.TempDir()})
+	ctx := context.Background()
+	k, c := storetest.NewKey(), claim(time.Minute)
+	if rec, err := s.Acquire(ctx, k, c); rec != nil || err != nil {
+		t.Fatal(rec, err)
+	}
+	if err := s.Renew(ctx, k, c.Token, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if n := keysInFile(t, s); n != 0 {
+		t.Fatalf("%d values in the file after a claim and a renewal, want none", n)
+	}
+	if err := s.Release(ctx, k, c.Token); err != nil {
+		t.Fatal(err)
+	}
+	c = claim(time.Minute)
+	if rec, err := s.Acquire(ctx, k, c); rec != nil || err != nil {
+		t.Fatal(rec, err)
+	}
+	if err := s.Complete(ctx, k, c, &store.Record{Status: 201}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if n := keysInFile(t, s); n != 1 {
+		t.Fatalf("%d values in the file after a completion, want 1", n)
+	}
+}
+
+// A completion committed between Acquire's read of the file and its claim
+// in memory is found by the second read: the claim is withdrawn and the
+// record returned, so the key never runs twice.
+func TestAcquireWithdrawsBehindACompletion(t *testing.T) {
+	s := storetest.Provision(t, &Store{Path: t.TempDir()})
+	ctx := context.Background()
+	k, owner := storetest.NewKey(), claim(time.Minute)
+	owner.CreatedAt = time.Now()
+	completed := append(expiry(time.Now().Add(time.Hour)), store.AppendCompleted(nil, owner, &store.Record{Status: 201})...)
+
+	// Acquire asks the time once inside its first read, then once to
+	// claim: the record lands in between, as an owner's commit would.
+	defer func(f func() time.Time) { now = f }(now)
+	calls := 0
+	now = func() time.Time {
+		if calls++; calls == 2 {
+			if err := s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(records).Put(k[:], completed) }); err != nil {
+				t.Error(err)
+			}
+		}
+		return time.Now()
+	}
+	c := claim(time.Minute)
+	rec, err := s.Acquire(ctx, k, c)
+	now = time.Now
+	if calls < 2 {
+		t.Fatalf("Acquire asked the time %d times; the test no longer reaches the claim", calls)
+	}
+	if err != nil || rec == nil || rec.State != store.Completed || rec.Token != owner.Token {
+		t.Fatalf("Acquire behind a completion = %+v, %v; want the completed record", rec, err)
+	}
+	if err := s.Release(ctx, k, c.Token); !errors.Is(err, store.ErrNotOwner) {
+		t.Fatalf("the withdrawn claim can be released: %v", err)
+	}
+	if got, err := s.InFlight(ctx, 0, 10); err != nil || len(got) != 0 {
+		t.Fatalf("InFlight after the withdrawal = %+v, %v; want nothing", got, err)
+	}
+}
+
+// Duplicates racing an owner's completion get the claim or the completed
+// record, never a claim of their own.
+func TestNoClaimDuringCompletion(t *testing.T) {
+	s := storetest.Provision(t, &Store{Path: t.TempDir()})
+	ctx := context.Background()
+	for range 50 {
+		k, owner := storetest.NewKey(), claim(time.Minute)
+		if rec, err := s.Acquire(ctx, k, owner); rec != nil || err != nil {
+			t.Fatal(rec, err)
+		}
+		var wg sync.WaitGroup
+		for range 3 {
+			wg.Go(func() {
+				for {
+					rec, err := s.Acquire(ctx, k, claim(time.Minute))
+					switch {
+					case err != nil:
+						t.Error(err)
+						return
+					case rec == nil:
+						t.Error("a duplicate claimed the key while its owner completed it")
+						return
+					case rec.Token != owner.Token:
+						t.Errorf("a duplicate saw a record of another owner: %+v", rec)
+						return
+					case rec.State == store.Completed:
+						return
+					}
+				}
+			})
+		}
+		if err := s.Complete(ctx, k, owner, &store.Record{Status: 201}, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		wg.Wait()
+		if t.Failed() {
+			return
+		}
 	}
 }
 

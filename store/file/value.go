@@ -15,8 +15,9 @@ import (
 var records = []byte("records")
 
 // A stored value is the record's expiry, Unix nanoseconds big endian (the
-// lease end while in progress, the TTL end once completed), followed by the
-// record in the shared codec. The fixed prefix lets the sweeper read a
+// TTL end of a completed record; the lease end of a claim, which only
+// versions that kept claims in the file wrote), followed by the record in
+// the shared codec. The fixed prefix lets the sweeper read a
 // record's life, and the codec's head its owner, without decoding it.
 const expiryLen = 8
 
