@@ -295,7 +295,7 @@ start_postgres() {
 	fi
 }
 pg_bin=""
-pg_sql() { "$pg_bin/psql" "$pg_dsn" -X -q -v ON_ERROR_STOP=1 -c "$1"; }
+pg_sql() { "$pg_bin/psql" "$pg_dsn" -X -q -v ON_ERROR_STOP=1 -c "$@"; }
 # pg_statements writes what pg_stat_statements holds, per call, to $1.
 pg_statements() {
 	pg_sql "SELECT calls, round((total_exec_time / calls * 1000)::numeric, 1) AS exec_us,
@@ -453,8 +453,10 @@ if [ "$PROFILE" = 1 ]; then
 	perf_pid=""
 	if [ "$pg_profile" = 1 ]; then
 		pg_sql "SELECT pg_stat_statements_reset()" >/dev/null
-		# The backends that serve Caddy's pool exist by now.
-		backends=$(pgrep -d, -P "$pg_pid" || true)
+		# The backends that serve Caddy's pools exist by now; other children
+		# of the postmaster (autovacuum workers) come and go.
+		backends=$(pg_sql "SELECT string_agg(pid::text, ',') FROM pg_stat_activity
+			WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()" -t -A || true)
 		if command -v perf >/dev/null 2>&1 && [ -n "$backends" ]; then
 			perf record -F 997 -g -p "$backends" -o "$run/pg-perf.data" -- sleep 10 >"$run/pg-perf.log" 2>&1 &
 			perf_pid=$!
