@@ -2,9 +2,9 @@ package postgres
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -57,15 +57,29 @@ func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (*st
 // Complete replaces the claim c with rec, kept for ttl. The row's endpoint,
 // fingerprint and creation time, which are c's, stay.
 func (s *Store) Complete(ctx context.Context, key store.Key, c *store.Claim, rec *store.Record, ttl time.Duration) error {
-	var headers []byte
+	var headers []byte // NULL without headers
 	if len(rec.Header) > 0 {
-		var err error
-		if headers, err = json.Marshal(rec.Header); err != nil {
-			return fmt.Errorf("encoding headers: %w", err)
-		}
+		buf := headerBuffers.Get().(*[]byte)
+		defer putHeaderBuffer(buf)
+		*buf = appendHeaders((*buf)[:0], rec.Header)
+		headers = *buf
 	}
 	return s.exec(ctx, "completing", s.db.q.complete,
 		key[:], c.Token[:], rec.Status, headers, rec.Body, rec.Truncated, micros(ttl))
+}
+
+// headerBuffers holds the buffers Complete encodes headers into; pgx copies
+// them into its own buffer before Exec returns.
+var headerBuffers = sync.Pool{New: func() any { return new([]byte) }}
+
+// maxHeaderBuffer keeps an unusually large header block from staying
+// pooled.
+const maxHeaderBuffer = 16 << 10
+
+func putHeaderBuffer(buf *[]byte) {
+	if cap(*buf) <= maxHeaderBuffer {
+		headerBuffers.Put(buf)
+	}
 }
 
 // Release deletes the claim held by token.

@@ -1,7 +1,6 @@
 package postgres
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -43,9 +42,11 @@ func (s *Store) record(r *row) (*store.Record, error) {
 	copy(rec.Token[:], r.token)
 	copy(rec.Fingerprint[:], r.fingerprint)
 	if r.headers != nil {
-		if err := json.Unmarshal(r.headers, &rec.Header); err != nil {
+		h, err := parseHeaders(r.headers)
+		if err != nil {
 			return nil, s.unavailable("decoding headers", err)
 		}
+		rec.Header = h
 	}
 	return rec, nil
 }
