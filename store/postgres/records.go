@@ -33,23 +33,24 @@ func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (*st
 	}
 	c.TookOver = false
 	for range acquireAttempts {
-		var (
-			won, tookOver bool
-			r             row
-		)
+		r := new(row)
 		err := s.db.pool.QueryRow(ctx, s.db.q.acquire, key[:], c.Token[:], c.Endpoint, c.Fingerprint[:], micros(c.Lease)).
-			Scan(&won, &tookOver, &r.state, &r.token, &r.endpoint, &r.fingerprint, &r.status, &r.headers, &r.body, &r.truncated, &r.created)
+			Scan(r.acquired()...)
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue
 		}
 		if err != nil {
 			return nil, s.unavailable("acquiring", err)
 		}
-		if won {
-			c.TookOver, c.CreatedAt = tookOver, r.created
+		if r.won {
+			c.TookOver, c.CreatedAt = r.tookOver, r.rec.CreatedAt
 			return nil, nil
 		}
-		return s.record(&r)
+		rec, err := r.record()
+		if err != nil {
+			return nil, s.unavailable("acquiring", err)
+		}
+		return rec, nil
 	}
 	return nil, s.unavailable("acquiring", errors.New("the key changed under every attempt"))
 }

@@ -89,7 +89,7 @@ func newQueries(table string) queries {
 	RETURNING 1
 )
 SELECT true, EXISTS (SELECT FROM dead WHERE state = 'in_progress'),
-	'', ''::bytea, '', ''::bytea, 0, NULL::jsonb, NULL::bytea, false, now() FROM claimed
+	NULL::text, NULL::bytea, '', NULL::bytea, 0, NULL::jsonb, NULL::bytea, false, now() FROM claimed
 UNION ALL
 SELECT false, false, * FROM live`, table),
 
