@@ -13,12 +13,6 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
-// callTimeout bounds one store call, waiting for a pooled connection
-// included: the handler's calls after a response carry no deadline of
-// their own, and a stalled server must not hold a request (or the claim it
-// renews) for ever.
-const callTimeout = 5 * time.Second
-
 // acquireAttempts bounds the reruns of the Acquire statement. A rerun
 // happens only when the key changed between the statement's snapshot and
 // its insert, which a second run sees; more is contention beyond reason.
@@ -26,8 +20,7 @@ const acquireAttempts = 5
 
 // Acquire claims key for c, or returns its live record, in one statement.
 func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (*store.Record, error) {
-	ctx, cancel := context.WithTimeout(ctx, callTimeout)
-	defer cancel()
+	ctx = s.db.deadlines.bound(ctx)
 	if err := s.db.ensure(ctx); err != nil {
 		return nil, err
 	}
@@ -96,8 +89,7 @@ func (s *Store) Renew(ctx context.Context, key store.Key, token store.Token, lea
 // exec runs one of the owner-checked statements: no row means the token
 // does not hold the claim.
 func (s *Store) exec(ctx context.Context, op, sql string, args ...any) error {
-	ctx, cancel := context.WithTimeout(ctx, callTimeout)
-	defer cancel()
+	ctx = s.db.deadlines.bound(ctx)
 	if err := s.db.ensure(ctx); err != nil {
 		return err
 	}
