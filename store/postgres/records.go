@@ -18,7 +18,8 @@ import (
 // its insert, which a second run sees; more is contention beyond reason.
 const acquireAttempts = 5
 
-// Acquire claims key for c, or returns its live record, in one statement.
+// Acquire claims key for c, or returns its live record, in one statement;
+// a second takes over an expired row.
 func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (*store.Record, error) {
 	ctx = s.db.deadlines.bound(ctx)
 	if err := s.db.ensure(ctx); err != nil {
@@ -29,23 +30,51 @@ func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (*st
 		r := new(row)
 		err := s.db.pool.QueryRow(ctx, s.db.q.acquire, key[:], c.Token[:], c.Endpoint, c.Fingerprint[:], micros(c.Lease)).
 			Scan(r.acquired()...)
-		if errors.Is(err, pgx.ErrNoRows) {
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
 			continue
-		}
-		if err != nil {
+		case err != nil:
 			return nil, s.unavailable("acquiring", err)
+		case r.won:
+			c.CreatedAt = r.rec.CreatedAt
+			return nil, nil
+		case r.live:
+			rec, err := r.record()
+			if err != nil {
+				return nil, s.unavailable("acquiring", err)
+			}
+			return rec, nil
 		}
-		if r.won {
-			c.TookOver, c.CreatedAt = r.tookOver, r.rec.CreatedAt
+		won, err := s.takeOver(ctx, key, c)
+		if err != nil {
+			return nil, err
+		}
+		if won {
+			// A dead owner's claim was taken over if the row that the
+			// snapshot held was in progress. Only a takeover or a
+			// deletion changes an expired row, and either makes this
+			// update fail unless the row that replaced it has expired
+			// in turn; the flag then describes the older row, and the
+			// claim is as atomic as ever.
+			c.TookOver = r.rec.State == store.InProgress
 			return nil, nil
 		}
-		rec, err := r.record()
-		if err != nil {
-			return nil, s.unavailable("acquiring", err)
-		}
-		return rec, nil
 	}
 	return nil, s.unavailable("acquiring", errors.New("the key changed under every attempt"))
+}
+
+// takeOver replaces the key's expired row with c's claim. It reports false
+// when the row is no longer expired or is gone: Acquire then looks again.
+func (s *Store) takeOver(ctx context.Context, key store.Key, c *store.Claim) (bool, error) {
+	err := s.db.pool.QueryRow(ctx, s.db.q.takeover, key[:], c.Token[:], c.Endpoint, c.Fingerprint[:], micros(c.Lease)).
+		Scan(&c.CreatedAt)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return false, nil
+	case err != nil:
+		return false, s.unavailable("taking over", err)
+	}
+	return true, nil
 }
 
 // Complete replaces the claim c with rec, kept for ttl. The row's endpoint,

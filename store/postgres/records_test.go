@@ -162,6 +162,46 @@ func TestClaimRaceManyConnections(t *testing.T) {
 	}
 }
 
+// Many requests find the same expired claim at once: exactly one takes it
+// over, and the others find its claim.
+func TestTakeoverRaceManyConnections(t *testing.T) {
+	s := storetest.Provision(t, &Store{DSN: shared.DSN(), Table: newTable(), MaxConns: 32})
+	ctx := context.Background()
+	for range 20 {
+		k := storetest.NewKey()
+		if _, err := s.Acquire(ctx, k, claim(time.Millisecond)); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * time.Millisecond)
+		var wg sync.WaitGroup
+		var winners, tookOver atomic.Int32
+		start := make(chan struct{})
+		for range 32 {
+			wg.Go(func() {
+				<-start
+				c := claim(time.Minute)
+				rec, err := s.Acquire(ctx, k, c)
+				switch {
+				case err != nil:
+					t.Errorf("Acquire: %v", err)
+				case rec == nil:
+					winners.Add(1)
+					if c.TookOver {
+						tookOver.Add(1)
+					}
+				case rec.State != store.InProgress:
+					t.Errorf("loser saw %+v", rec)
+				}
+			})
+		}
+		close(start)
+		wg.Wait()
+		if w, o := winners.Load(), tookOver.Load(); w != 1 || o != 1 {
+			t.Fatalf("%d winners, %d of them taking over; want 1 and 1", w, o)
+		}
+	}
+}
+
 // A claim that commits while Acquire's statement waits on it is invisible to
 // that statement's snapshot: Acquire must run again and return it.
 func TestAcquireRacingAnUncommittedClaim(t *testing.T) {

@@ -18,9 +18,9 @@ type row struct {
 	rec    store.Record
 	status int32
 	// Acquire's leading columns, and Lookup's trailing one.
-	won, tookOver bool
-	expires       time.Time
-	dest          [11]any
+	won, live bool
+	expires   time.Time
+	dest      [11]any
 }
 
 // columns sets dest[at:at+9] to the destinations of the record's columns.
@@ -34,9 +34,9 @@ func (r *row) columns(at int) {
 }
 
 // acquired returns the scan destinations of Acquire's row: whether the
-// claim won and took over, then the record's columns.
+// claim won and whether the row is live, then the record's columns.
 func (r *row) acquired() []any {
-	r.dest[0], r.dest[1] = &r.won, &r.tookOver
+	r.dest[0], r.dest[1] = &r.won, &r.live
 	r.columns(2)
 	return r.dest[:11]
 }
