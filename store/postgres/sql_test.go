@@ -201,4 +201,9 @@ func testEarlierRows(t *testing.T, s *Store) {
 	if rec, _, err := s.Lookup(ctx, done); err != nil || rec == nil || !reflect.DeepEqual(rec.Header, header) {
 		t.Fatalf("Lookup of an earlier row = %+v, %v", rec, err)
 	}
+	// The optional step the README gives, under the name it gives.
+	sqlExec(t, shared.DSN(), `ALTER TABLE `+s.db.qualified+` DROP CONSTRAINT `+qualify("", s.table+"_state_check"))
+	if rec, err := s.Acquire(ctx, storetest.NewKey(), claim(time.Minute)); rec != nil || err != nil {
+		t.Fatalf("Acquire once the CHECK is dropped = %+v, %v", rec, err)
+	}
 }
