@@ -37,8 +37,18 @@
 #   MEM_N=500        * fresh Caddy processes, peak RSS from /proc (VmHWM)
 #   PROFILE=0          1: 10 s CPU and allocation profiles of a fresh Caddy
 #                      (same config, GODEBUG=memprofilerate=16384) under the
-#                      redis new-key load, into bench/out/<label>/
+#                      PROFILE_ROUTE PROFILE_MODE load, into bench/out/<label>/
+#   PROFILE_ROUTE=redis the route that load drives (any route of the run)
+#   PROFILE_MODE=new   its key mode: new or replay
 #   PROFILE_CONC=64    concurrency of that load
+#   PG_STATS=0         1: the private PostgreSQL loads pg_stat_statements;
+#                      per-statement calls, time, rows, buffers and WAL go to
+#                      bench/out/<label>/pg-statements.txt after the load
+#                      (every route's statements, told apart by table), and,
+#                      when PROFILE_ROUTE is postgres or baseline_pg, to
+#                      pg-statements-profile.txt for the profile load alone,
+#                      with a perf profile of the PostgreSQL backends in
+#                      pg-perf.txt when perf is installed
 #   CADDY_VERSION=v2.11.9
 #   OUT_MD, OUT_PNG    override where the report and chart go
 #   LABEL              name of the bench/out/ subdirectory for this run's
@@ -79,7 +89,10 @@ POSTGRES=${POSTGRES:-1}
 FILESTORE=${FILESTORE:-1}
 MEM=${MEM:-1}
 PROFILE=${PROFILE:-0}
+PROFILE_ROUTE=${PROFILE_ROUTE:-redis}
+PROFILE_MODE=${PROFILE_MODE:-new}
 PROFILE_CONC=${PROFILE_CONC:-64}
+PG_STATS=${PG_STATS:-0}
 CADDY_VERSION=${CADDY_VERSION:-v2.11.9}
 XCADDY_VERSION=v0.4.5
 MODULE=github.com/caddy-idempotency/caddy-idempotency
@@ -232,7 +245,7 @@ upstream=$(cat "$run/upstream.addr")
 # the postmaster itself).
 pg_dsn=""
 start_postgres() {
-	local bin initdb_bin
+	local initdb_bin
 	initdb_bin=$(command -v initdb 2>/dev/null || true)
 	if [ -z "$initdb_bin" ]; then
 		initdb_bin=$(ls -d /usr/lib/postgresql/*/bin/initdb 2>/dev/null | sort -V | tail -1 || true)
@@ -241,8 +254,8 @@ start_postgres() {
 		note "postgres route skipped: initdb not found (install postgresql)"
 		return 1
 	fi
-	bin=$(dirname "$(readlink -f "$initdb_bin")")
-	[ -x "$bin/postgres" ] || { note "postgres route skipped: no postgres beside $initdb_bin"; return 1; }
+	pg_bin=$(dirname "$(readlink -f "$initdb_bin")")
+	[ -x "$pg_bin/postgres" ] || { note "postgres route skipped: no postgres beside $initdb_bin"; return 1; }
 	local as=()
 	pgtmp=$(mktemp -d /tmp/idem-bench-pg.XXXXXX)
 	mkdir "$pgtmp/data"
@@ -256,14 +269,17 @@ start_postgres() {
 		as=(setpriv --reuid postgres --regid postgres --clear-groups)
 	fi
 	chmod 700 "$pgtmp/data"
-	if ! "${as[@]}" "$bin/initdb" -D "$pgtmp/data" -U postgres -A trust -E UTF8 --locale=C -N >"$run/initdb.log" 2>&1; then
+	if ! "${as[@]}" "$pg_bin/initdb" -D "$pgtmp/data" -U postgres -A trust -E UTF8 --locale=C -N >"$run/initdb.log" 2>&1; then
 		note "postgres route skipped: initdb failed (see bench/out/$label/initdb.log)"
 		return 1
 	fi
-	local port
+	local port stats=()
 	port=$(freeport)
-	(cd "$pgtmp" && exec "${as[@]}" "$bin/postgres" -D "$pgtmp/data" -p "$port" -k "$pgtmp/data" \
-		-c listen_addresses=127.0.0.1 -c fsync=off -c full_page_writes=off -c max_connections=300 \
+	if [ "$PG_STATS" = 1 ]; then
+		stats=(-c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track=top -c track_io_timing=on)
+	fi
+	(cd "$pgtmp" && exec "${as[@]}" "$pg_bin/postgres" -D "$pgtmp/data" -p "$port" -k "$pgtmp/data" \
+		-c listen_addresses=127.0.0.1 -c fsync=off -c full_page_writes=off -c max_connections=300 "${stats[@]}" \
 		>"$run/postgres.log" 2>&1) &
 	pg_pid=$!
 	pids+=("$pg_pid")
@@ -274,6 +290,19 @@ start_postgres() {
 	fi
 	sleep 0.5 # accepting TCP slightly precedes accepting sessions
 	pg_dsn="postgres://postgres@127.0.0.1:$port/postgres?sslmode=disable"
+	if [ "$PG_STATS" = 1 ]; then
+		pg_sql "CREATE EXTENSION IF NOT EXISTS pg_stat_statements" >/dev/null
+	fi
+}
+pg_bin=""
+pg_sql() { "$pg_bin/psql" "$pg_dsn" -X -q -v ON_ERROR_STOP=1 -c "$@"; }
+# pg_statements writes what pg_stat_statements holds, per call, to $1.
+pg_statements() {
+	pg_sql "SELECT calls, round((total_exec_time / calls * 1000)::numeric, 1) AS exec_us,
+		round((rows::float8 / calls)::numeric, 2) AS rows, round((shared_blks_hit::float8 / calls)::numeric, 1) AS hit,
+		round((shared_blks_dirtied::float8 / calls)::numeric, 2) AS dirtied, round((wal_records::float8 / calls)::numeric, 2) AS wal_recs,
+		round((wal_bytes / calls)::numeric) AS wal_bytes, regexp_replace(query, '\s+', ' ', 'g') AS query
+		FROM pg_stat_statements WHERE calls > 100 ORDER BY total_exec_time DESC" >"$1"
 }
 
 if [ -z "$ROUTES" ]; then
@@ -401,21 +430,49 @@ say "routes: $ROUTES; modes: $MODES; concurrency: $CONCURRENCY; $ROUNDS round(s)
 
 echo "load average at end=$(cut -d' ' -f1-3 /proc/loadavg)" >>"$run/machine.txt"
 stop_caddy
+if [ "$PG_STATS" = 1 ] && [ -n "$pg_pid" ]; then
+	pg_statements "$run/pg-statements.txt"
+	say "per-statement PostgreSQL figures in $run/pg-statements.txt"
+fi
 
 profiles=""
 if [ "$PROFILE" = 1 ]; then
 	# A fresh Caddy with the same config, so the profiles hold nothing of the
 	# other routes, sampling allocations every 16 KiB instead of 512 KiB so
 	# that a 10 s delta holds enough samples to rank the handler's own.
-	say "profiling a fresh Caddy under the redis new-key load (c=$PROFILE_CONC)"
+	has_route "$PROFILE_ROUTE" || { echo "bench: PROFILE_ROUTE $PROFILE_ROUTE is not among the routes ($ROUTES)" >&2; exit 1; }
+	say "profiling a fresh Caddy under the $PROFILE_ROUTE $PROFILE_MODE-key load (c=$PROFILE_CONC)"
 	CADDY_GODEBUG=memprofilerate=16384 start_caddy "$run/Caddyfile" "$run/caddy.profile.log" "$admin_port"
-	"$out/loadgen" run -url "$base/redis/orders" -mode new -conc "$PROFILE_CONC" -warmup 1s -duration 12s >"$run/profile-load.json" &
+	pg_profile=0
+	if [ "$PG_STATS" = 1 ] && [ -n "$pg_pid" ] && [[ $PROFILE_ROUTE == postgres || $PROFILE_ROUTE == baseline_pg ]]; then
+		pg_profile=1
+	fi
+	"$out/loadgen" run -url "$base/$PROFILE_ROUTE/orders" -mode "$PROFILE_MODE" -conc "$PROFILE_CONC" -warmup 1s -duration 12s >"$run/profile-load.json" &
 	load_pid=$!
 	sleep 1.5
+	perf_pid=""
+	if [ "$pg_profile" = 1 ]; then
+		pg_sql "SELECT pg_stat_statements_reset()" >/dev/null
+		# The backends that serve Caddy's pools exist by now; other children
+		# of the postmaster (autovacuum workers) come and go.
+		backends=$(pg_sql "SELECT string_agg(pid::text, ',') FROM pg_stat_activity
+			WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()" -t -A || true)
+		if command -v perf >/dev/null 2>&1 && [ -n "$backends" ]; then
+			perf record -F 997 -g -p "$backends" -o "$run/pg-perf.data" -- sleep 10 >"$run/pg-perf.log" 2>&1 &
+			perf_pid=$!
+		fi
+	fi
 	curl -sf -o "$run/cpu.pprof" "http://127.0.0.1:$admin_port/debug/pprof/profile?seconds=10" &
 	cpu_curl=$!
 	curl -sf -o "$run/allocs.pprof" "http://127.0.0.1:$admin_port/debug/pprof/allocs?seconds=10"
 	wait "$cpu_curl"
+	if [ "$pg_profile" = 1 ]; then
+		pg_statements "$run/pg-statements-profile.txt"
+	fi
+	if [ -n "$perf_pid" ]; then
+		wait "$perf_pid" || true
+		perf report -i "$run/pg-perf.data" --no-children --sort symbol --stdio -g none 2>/dev/null | grep -v '^$' | head -150 >"$run/pg-perf.txt" || true
+	fi
 	wait "$load_pid"
 	stop_caddy
 	cp "$out/caddy" "$run/caddy.bin" # the binary the profiles symbolize against

@@ -33,6 +33,7 @@ var errReaperBusy = errors.New("another instance is reaping")
 type database struct {
 	pool      *pgxpool.Pool
 	q         queries
+	deadlines *deadlines
 	qualified string
 	ddl       string // DDL under the table's advisory lock
 	reapLock  int64
@@ -68,6 +69,7 @@ func newDatabase(cfg *pgxpool.Config, schema, table string, create bool, logger 
 		reapLock:  lockID("reap", name),
 		create:    create,
 		interval:  reapInterval,
+		deadlines: newDeadlines(),
 		logger:    logger,
 		ensuring:  make(chan struct{}, 1),
 		done:      make(chan struct{}),
@@ -85,6 +87,7 @@ func (db *database) Destruct() error {
 	db.stop()
 	<-db.done
 	db.pool.Close()
+	db.deadlines.stop()
 	return nil
 }
 

@@ -34,23 +34,19 @@ func (s *Store) Lookup(ctx context.Context, key store.Key) (*store.Record, time.
 	if err := s.db.ensure(ctx); err != nil {
 		return nil, time.Time{}, err
 	}
-	var (
-		r       row
-		expires time.Time
-	)
-	err := s.db.pool.QueryRow(ctx, s.db.q.lookup, key[:]).
-		Scan(&r.state, &r.token, &r.endpoint, &r.fingerprint, &r.status, &r.headers, &r.body, &r.truncated, &r.created, &expires)
+	r := new(row)
+	err := s.db.pool.QueryRow(ctx, s.db.q.lookup, key[:]).Scan(r.looked()...)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, time.Time{}, nil
 	}
 	if err != nil {
 		return nil, time.Time{}, s.unavailable("looking up", err)
 	}
-	rec, err := s.record(&r)
+	rec, err := r.record()
 	if err != nil {
-		return nil, time.Time{}, err
+		return nil, time.Time{}, s.unavailable("looking up", err)
 	}
-	return rec, expires, nil
+	return rec, r.expires, nil
 }
 
 // Delete deletes key's row, whoever owns it, expired or not, and reports

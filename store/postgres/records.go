@@ -2,9 +2,9 @@ package postgres
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -13,60 +13,97 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
-// callTimeout bounds one store call, waiting for a pooled connection
-// included: the handler's calls after a response carry no deadline of
-// their own, and a stalled server must not hold a request (or the claim it
-// renews) for ever.
-const callTimeout = 5 * time.Second
-
 // acquireAttempts bounds the reruns of the Acquire statement. A rerun
 // happens only when the key changed between the statement's snapshot and
 // its insert, which a second run sees; more is contention beyond reason.
 const acquireAttempts = 5
 
-// Acquire claims key for c, or returns its live record, in one statement.
+// Acquire claims key for c, or returns its live record, in one statement;
+// a second takes over an expired row.
 func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (*store.Record, error) {
-	ctx, cancel := context.WithTimeout(ctx, callTimeout)
-	defer cancel()
+	ctx = s.db.deadlines.bound(ctx)
 	if err := s.db.ensure(ctx); err != nil {
 		return nil, err
 	}
 	c.TookOver = false
 	for range acquireAttempts {
-		var (
-			won, tookOver bool
-			r             row
-		)
+		r := new(row)
 		err := s.db.pool.QueryRow(ctx, s.db.q.acquire, key[:], c.Token[:], c.Endpoint, c.Fingerprint[:], micros(c.Lease)).
-			Scan(&won, &tookOver, &r.state, &r.token, &r.endpoint, &r.fingerprint, &r.status, &r.headers, &r.body, &r.truncated, &r.created)
-		if errors.Is(err, pgx.ErrNoRows) {
+			Scan(r.acquired()...)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
 			continue
-		}
-		if err != nil {
+		case err != nil:
 			return nil, s.unavailable("acquiring", err)
+		case r.won:
+			c.CreatedAt = r.rec.CreatedAt
+			return nil, nil
+		case r.live:
+			rec, err := r.record()
+			if err != nil {
+				return nil, s.unavailable("acquiring", err)
+			}
+			return rec, nil
+		}
+		won, err := s.takeOver(ctx, key, c)
+		if err != nil {
+			return nil, err
 		}
 		if won {
-			c.TookOver, c.CreatedAt = tookOver, r.created
+			// A dead owner's claim was taken over if the row that the
+			// snapshot held was in progress. Only a takeover or a
+			// deletion changes an expired row, and either makes this
+			// update fail unless the row that replaced it has expired
+			// in turn; the flag then describes the older row, and the
+			// claim is as atomic as ever.
+			c.TookOver = r.rec.State == store.InProgress
 			return nil, nil
 		}
-		return s.record(&r)
 	}
 	return nil, s.unavailable("acquiring", errors.New("the key changed under every attempt"))
+}
+
+// takeOver replaces the key's expired row with c's claim. It reports false
+// when the row is no longer expired or is gone: Acquire then looks again.
+func (s *Store) takeOver(ctx context.Context, key store.Key, c *store.Claim) (bool, error) {
+	err := s.db.pool.QueryRow(ctx, s.db.q.takeover, key[:], c.Token[:], c.Endpoint, c.Fingerprint[:], micros(c.Lease)).
+		Scan(&c.CreatedAt)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return false, nil
+	case err != nil:
+		return false, s.unavailable("taking over", err)
+	}
+	return true, nil
 }
 
 // Complete replaces the claim c with rec, kept for ttl. The row's endpoint,
 // fingerprint and creation time, which are c's, stay.
 func (s *Store) Complete(ctx context.Context, key store.Key, c *store.Claim, rec *store.Record, ttl time.Duration) error {
-	var headers []byte
+	var headers []byte // NULL without headers
 	if len(rec.Header) > 0 {
-		var err error
-		if headers, err = json.Marshal(rec.Header); err != nil {
-			return fmt.Errorf("encoding headers: %w", err)
-		}
+		buf := headerBuffers.Get().(*[]byte)
+		defer putHeaderBuffer(buf)
+		*buf = appendHeaders((*buf)[:0], rec.Header)
+		headers = *buf
 	}
 	status, truncated := outcomeColumns(rec)
 	return s.exec(ctx, "completing", s.db.q.complete,
 		key[:], c.Token[:], status, headers, rec.Body, truncated, micros(ttl))
+}
+
+// headerBuffers holds the buffers Complete encodes headers into; pgx copies
+// them into its own buffer before Exec returns.
+var headerBuffers = sync.Pool{New: func() any { return new([]byte) }}
+
+// maxHeaderBuffer keeps an unusually large header block from staying
+// pooled.
+const maxHeaderBuffer = 16 << 10
+
+func putHeaderBuffer(buf *[]byte) {
+	if cap(*buf) <= maxHeaderBuffer {
+		headerBuffers.Put(buf)
+	}
 }
 
 // Release deletes the claim held by token.
@@ -82,8 +119,7 @@ func (s *Store) Renew(ctx context.Context, key store.Key, token store.Token, lea
 // exec runs one of the owner-checked statements: no row means the token
 // does not hold the claim.
 func (s *Store) exec(ctx context.Context, op, sql string, args ...any) error {
-	ctx, cancel := context.WithTimeout(ctx, callTimeout)
-	defer cancel()
+	ctx = s.db.deadlines.bound(ctx)
 	if err := s.db.ensure(ctx); err != nil {
 		return err
 	}

@@ -91,6 +91,25 @@ func BenchmarkAcquireNewKey(b *testing.B) {
 	}
 }
 
+// A new key's whole path through the store: the claim, then the response.
+func BenchmarkAcquireComplete(b *testing.B) {
+	s := storetest.Provision(b, &Store{DSN: shared.DSN(), Table: newTable()})
+	ctx := context.Background()
+	c := claim(time.Minute)
+	rec := &store.Record{Status: 201, Header: map[string][]string{"Content-Type": {"application/json"}, "Location": {"/orders/1"}},
+		Body: make([]byte, 64)}
+	b.ReportAllocs()
+	for b.Loop() {
+		k := storetest.NewKey()
+		if rec, err := s.Acquire(ctx, k, c); rec != nil || err != nil {
+			b.Fatalf("Acquire = %+v, %v", rec, err)
+		}
+		if err := s.Complete(ctx, k, c, rec, time.Hour); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
 func BenchmarkReplay(b *testing.B) {
 	s := storetest.Provision(b, &Store{DSN: shared.DSN(), Table: newTable()})
 	ctx := context.Background()
@@ -139,6 +158,46 @@ func TestClaimRaceManyConnections(t *testing.T) {
 		wg.Wait()
 		if n := winners.Load(); n != 1 {
 			t.Fatalf("%d winners, want 1", n)
+		}
+	}
+}
+
+// Many requests find the same expired claim at once: exactly one takes it
+// over, and the others find its claim.
+func TestTakeoverRaceManyConnections(t *testing.T) {
+	s := storetest.Provision(t, &Store{DSN: shared.DSN(), Table: newTable(), MaxConns: 32})
+	ctx := context.Background()
+	for range 20 {
+		k := storetest.NewKey()
+		if _, err := s.Acquire(ctx, k, claim(time.Millisecond)); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * time.Millisecond)
+		var wg sync.WaitGroup
+		var winners, tookOver atomic.Int32
+		start := make(chan struct{})
+		for range 32 {
+			wg.Go(func() {
+				<-start
+				c := claim(time.Minute)
+				rec, err := s.Acquire(ctx, k, c)
+				switch {
+				case err != nil:
+					t.Errorf("Acquire: %v", err)
+				case rec == nil:
+					winners.Add(1)
+					if c.TookOver {
+						tookOver.Add(1)
+					}
+				case rec.State != store.InProgress:
+					t.Errorf("loser saw %+v", rec)
+				}
+			})
+		}
+		close(start)
+		wg.Wait()
+		if w, o := winners.Load(), tookOver.Load(); w != 1 || o != 1 {
+			t.Fatalf("%d winners, %d of them taking over; want 1 and 1", w, o)
 		}
 	}
 }

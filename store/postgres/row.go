@@ -1,23 +1,26 @@
 package postgres
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"time"
 
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
-// row holds the columns of a record as Acquire and Lookup select them, in
-// that order: state, token, endpoint, fingerprint, status, headers, body,
-// truncated, created_at.
+// row is what Acquire and Lookup scan a record row into: the columns
+// state, token, endpoint, fingerprint, status, headers, body, truncated,
+// created_at, in that order, go straight into rec. State, token,
+// fingerprint and headers are decoded from the driver's buffer, not from
+// copies that pgx would allocate for them.
 type row struct {
-	state, endpoint                   string
-	token, fingerprint, headers, body []byte
-	status                            int32
-	truncated                         bool
-	created                           time.Time
+	rec    store.Record
+	status int32
+	// Acquire's leading columns, and Lookup's trailing one.
+	won, live bool
+	expires   time.Time
+	dest      [11]any
 }
 
 // A record whose outcome is unknown is a completed row with truncated set
@@ -34,35 +37,95 @@ func outcomeColumns(rec *store.Record) (status int, truncated bool) {
 	return rec.Status, rec.Truncated
 }
 
-// record decodes r.
-func (s *Store) record(r *row) (*store.Record, error) {
-	rec := &store.Record{
-		Endpoint:  r.endpoint,
-		CreatedAt: r.created,
-		Status:    int(r.status),
-		Body:      r.body,
-		Truncated: r.truncated,
+// columns sets dest[at:at+9] to the destinations of the record's columns.
+func (r *row) columns(at int) {
+	rec := &r.rec
+	copy(r.dest[at:], []any{
+		(*stateColumn)(&rec.State), (*tokenColumn)(&rec.Token), &rec.Endpoint,
+		(*fingerprintColumn)(&rec.Fingerprint), &r.status, (*headersColumn)(&rec.Header),
+		&rec.Body, &rec.Truncated, &rec.CreatedAt,
+	})
+}
+
+// acquired returns the scan destinations of Acquire's row: whether the
+// claim won and whether the row is live, then the record's columns.
+func (r *row) acquired() []any {
+	r.dest[0], r.dest[1] = &r.won, &r.live
+	r.columns(2)
+	return r.dest[:11]
+}
+
+// looked returns the scan destinations of Lookup's row: the record's
+// columns, then expires_at.
+func (r *row) looked() []any {
+	r.columns(0)
+	r.dest[9] = &r.expires
+	return r.dest[:10]
+}
+
+// record finishes the scanned record, or refuses a row without a state.
+func (r *row) record() (*store.Record, error) {
+	if r.rec.State == 0 {
+		return nil, errors.New("record without a state")
 	}
-	if r.state == "completed" && r.truncated && r.status == 0 {
-		rec.Truncated, rec.OutcomeUnknown = false, true
+	r.rec.Status = int(r.status)
+	if r.rec.State == store.Completed && r.rec.Truncated && r.rec.Status == 0 {
+		r.rec.Truncated, r.rec.OutcomeUnknown = false, true
 	}
-	switch r.state {
-	case "in_progress":
-		rec.State = store.InProgress
-	case "completed":
-		rec.State = store.Completed
+	return &r.rec, nil
+}
+
+// The column types below scan from the driver's buffer (pgx calls ScanBytes
+// with memory it reuses); a NULL leaves the field as it was, so that
+// Acquire's row for a won claim can leave the record's columns NULL.
+
+// stateColumn is the state column; only the two states are accepted.
+type stateColumn store.State
+
+func (s *stateColumn) ScanBytes(b []byte) error {
+	switch {
+	case b == nil:
+	case string(b) == "in_progress":
+		*s = stateColumn(store.InProgress)
+	case string(b) == "completed":
+		*s = stateColumn(store.Completed)
 	default:
-		return nil, s.unavailable("decoding record", fmt.Errorf("unknown state %q", r.state))
+		return fmt.Errorf("unknown state %q", b)
 	}
-	if len(r.token) != len(rec.Token) || len(r.fingerprint) != len(rec.Fingerprint) {
-		return nil, s.unavailable("decoding record", errors.New("token or fingerprint of the wrong size"))
+	return nil
+}
+
+type tokenColumn store.Token
+
+func (t *tokenColumn) ScanBytes(b []byte) error { return scanFixed(t[:], b, "token") }
+
+type fingerprintColumn store.Fingerprint
+
+func (f *fingerprintColumn) ScanBytes(b []byte) error { return scanFixed(f[:], b, "fingerprint") }
+
+func scanFixed(dst, b []byte, what string) error {
+	switch {
+	case b == nil:
+	case len(b) != len(dst):
+		return fmt.Errorf("%s of %d bytes, want %d", what, len(b), len(dst))
+	default:
+		copy(dst, b)
 	}
-	copy(rec.Token[:], r.token)
-	copy(rec.Fingerprint[:], r.fingerprint)
-	if r.headers != nil {
-		if err := json.Unmarshal(r.headers, &rec.Header); err != nil {
-			return nil, s.unavailable("decoding headers", err)
-		}
+	return nil
+}
+
+// headersColumn is the jsonb headers column, as PostgreSQL gives it back:
+// its text.
+type headersColumn http.Header
+
+func (h *headersColumn) ScanBytes(b []byte) error {
+	if b == nil {
+		return nil
 	}
-	return rec, nil
+	parsed, err := parseHeaders(b)
+	if err != nil {
+		return fmt.Errorf("decoding headers: %w", err)
+	}
+	*h = headersColumn(parsed)
+	return nil
 }
