@@ -20,21 +20,13 @@ import (
 const sizingRecords = 100_000
 
 func BenchmarkTableSizePerRecord(b *testing.B) {
-	for _, tc := range []struct {
-		name       string
-		bodyLen    int
-		claimsOnly bool
-	}{
-		{"completed_200B", 200, false},
-		{"completed_4KiB", 4096, false},
-		{"claim", 0, true},
-	} {
-		b.Run(tc.name, func(b *testing.B) {
+	for _, tc := range storetest.SizingCases {
+		b.Run(tc.Name, func(b *testing.B) {
 			table := newTable()
 			s := storetest.Provision(b, &Store{DSN: shared.DSN(), Table: table, MaxConns: 16})
 			written := 0
 			for b.Loop() {
-				storetest.Fill(b, s, sizingRecords, tc.bodyLen, tc.claimsOnly, time.Hour, time.Hour)
+				storetest.Fill(b, s, sizingRecords, tc.BodyLen, tc.ClaimsOnly, time.Hour, time.Hour)
 				written += sizingRecords
 			}
 			conn, err := pgx.Connect(context.Background(), shared.DSN())

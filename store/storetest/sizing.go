@@ -26,6 +26,21 @@ func sizingHeader() http.Header {
 	}
 }
 
+// SizingCase is one kind of record the sizing benchmarks write.
+type SizingCase struct {
+	Name       string
+	BodyLen    int
+	ClaimsOnly bool
+}
+
+// SizingCases are the records whose size the README reports: completed
+// with a small and a 4 KiB response, and claims in flight.
+var SizingCases = []SizingCase{
+	{"completed_200B", 200, false},
+	{"completed_4KiB", 4096, false},
+	{"claim", 0, true},
+}
+
 // Fill writes n records with fresh keys into s, with 16 writers: claims
 // with lease, completed with a body of bodyLen bytes kept for ttl unless
 // claimsOnly. Every record has the same body. It fails tb at the first
