@@ -71,6 +71,7 @@ func checkPlans(t *testing.T, s *Store) {
 		"complete": {q.complete, `'\x01', '\x02', 200, NULL, NULL, false, 1000`},
 		"release":  {q.release, `'\x01', '\x02'`},
 		"renew":    {q.renew, `'\x01', '\x02', 1000`},
+		"watch":    {q.watch, `'\x01'`},
 		"lookup":   {q.lookup, `'\x01'`},
 		"delete":   {q.delete, `'\x01'`},
 	} {
