@@ -72,9 +72,10 @@ type Store struct {
 	// first schema of the connection's search_path, usually public.
 	Schema string `json:"schema,omitempty"`
 
-	// MaxConns bounds the connections this store opens to PostgreSQL.
-	// Default: pool_max_conns from the DSN, else the greater of 4 and the
-	// number of CPUs.
+	// MaxConns bounds the connections of this store's pool. The connection
+	// that listens to the other instances' notifications, once a duplicate
+	// waits or local_cache is set, is one more. Default: pool_max_conns
+	// from the DSN, else the greater of 4 and the number of CPUs.
 	MaxConns int `json:"max_conns,omitempty"`
 
 	// CreateTable creates the table and its indexes when they are missing,

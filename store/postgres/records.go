@@ -126,9 +126,9 @@ func (s *Store) Complete(ctx context.Context, key store.Key, c *store.Claim, rec
 // record completed here expires ttl after the completion's statement was
 // sent, one read from the database its time to live, which the database
 // computed from its own clock, after the reading statement was sent. Both
-// statements ran later on the database, so the tier drops the record a
-// round trip before the database does, however far apart the two clocks
-// are.
+// statements started later on the database, so the tier drops the record
+// no later than the database does (earlier by the time the statement took
+// to start there), however far apart the two clocks are.
 //
 // keep puts the completed record of the claim c, with the response and
 // expiry in rec, into the tier, unless a purge came since version.
