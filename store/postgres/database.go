@@ -66,7 +66,7 @@ func newDatabase(cfg *pgxpool.Config, schema, table string, create bool, losses 
 		return nil, err
 	}
 	name := qualify(schema, table)
-	channel := channelName(schema, cfg.ConnConfig.RuntimeParams["search_path"], table)
+	channel := channelName(table)
 	db := &database{
 		pool:      pool,
 		q:         newQueries(name, quoteLiteral(channel)),

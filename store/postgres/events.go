@@ -1,7 +1,6 @@
 package postgres
 
 import (
-	"cmp"
 	"context"
 	"encoding/hex"
 	"hash/fnv"
@@ -22,22 +21,19 @@ import (
 // channelSuffix makes the channel's name tell what it carries.
 const channelSuffix = ":events"
 
-// channelName is the channel of the table: "[schema.]table:events", at
-// most maxIdentifier bytes, as PostgreSQL truncates longer names in LISTEN
-// and refuses them in pg_notify; a longer name keeps its head and ends in
-// a hash of the whole. With no schema configured, it is the DSN's
-// search_path's, if set, as in the store's name. Two tables that end up on
-// one channel (two search_paths with one table name, a hash collision)
-// would only wake each other's waiters and evict each other's records for
-// nothing.
-func channelName(schema, searchPath, table string) string {
-	name := table + channelSuffix
-	if schema = cmp.Or(schema, searchPath); schema != "" {
-		name = schema + "." + name
-	}
+// channelName is the channel of the table: "<table>:events", at most
+// maxIdentifier bytes, as PostgreSQL truncates longer names in LISTEN and
+// refuses them in pg_notify; a longer name keeps its head and ends in a
+// hash of the whole. The schema is left out on purpose: instances that
+// name one table differently (with its schema, or through their
+// search_path) must hear each other, or a tier would miss purges. Tables
+// of one name in two schemas of a database share a channel: each wakes the
+// other's waiters, which read their record again, and evicts records from
+// the other's tiers, which read them again; nothing worse.
+func channelName(table string) string {
 	// PostgreSQL names cannot hold a NUL, which pgx drops from
 	// identifiers: drop it from both spellings of the channel alike.
-	name = strings.ReplaceAll(name, "\x00", "")
+	name := strings.ReplaceAll(table+channelSuffix, "\x00", "")
 	if len(name) <= maxIdentifier {
 		return name
 	}

@@ -14,9 +14,14 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/store/storetest"
 )
 
-// live waits until s's tier is in use: its listener is up.
+// live waits until s's tier is in use: its listener is up. Its table
+// exists by then, so that the statements a test counts are its own and not
+// the creation's.
 func live(t testing.TB, s *Store) *Store {
 	t.Helper()
+	if err := s.db.ensure(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 	waitFor(t, "the listener", s.db.events.listening)
 	return s
 }
