@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"os"
@@ -10,6 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testpg"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/testredis"
 )
 
@@ -60,20 +64,106 @@ func TestLocalCachePurgeAcrossInstances(t *testing.T) {
 	t.Logf("B ran the purged key anew %v after the purge returned", time.Since(start).Round(time.Millisecond))
 }
 
+// The local tier of two instances on one PostgreSQL table: a replay that
+// one instance read once is served from its tier thereafter (it answers
+// while the table is locked), and a purge through the other instance's
+// admin API evicts it there, over LISTEN/NOTIFY, so the key runs anew.
+func TestPostgresLocalCachePurgeAcrossInstances(t *testing.T) {
+	t.Parallel()
+	pg := testpg.Start(t)
+	u := startUpstream(t)
+	const table = "e2e_local_cache"
+	site := proxySite(u, fmt.Sprintf(`store postgres {
+	dsn %q
+	table %s
+	local_cache 1MiB
+}`, pg.DSN(), table))
+	a, b := startCaddy(t, "A", site), startCaddy(t, "B", site)
+	cl := newClient(t)
+	body := []byte(`{"sku":"tea"}`)
+	mk := func(c *caddyProc) *http.Request { return req(http.MethodPost, c.URL+"/orders", "cached-1", body) }
+
+	first := send(t, cl, mk(a))
+	wantStatus(t, "first request, on A", first, http.StatusCreated)
+	// B's tier takes records once its listener is up: until then its
+	// replays read the table, and one sent while the table is locked
+	// waits.
+	if !eventually(15*time.Second, 50*time.Millisecond, func() bool {
+		wantReplay(t, "replay on B", first, send(t, cl, mk(b)))
+		unlock := lockTable(t, pg, table)
+		defer unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		defer cancel()
+		res, err := do(cl, mk(b).WithContext(ctx))
+		return err == nil && res.replayed()
+	}) {
+		t.Fatal("B never replayed while the table was locked: its local tier never served")
+	}
+
+	admin := fmt.Sprintf("127.0.0.1:%d", a.adminPort)
+	if out, err := exec.Command(caddyBin, "idempotency", "purge", "--address", admin, "--key", "cached-1").CombinedOutput(); err != nil {
+		t.Fatalf("caddy idempotency purge on A: %v\n%s", err, out)
+	}
+	start := time.Now()
+	var res response
+	if !eventually(5*time.Second, 5*time.Millisecond, func() bool {
+		res = send(t, cl, mk(b))
+		return !res.replayed()
+	}) {
+		t.Fatal("B still replays the purged record 5s after the purge")
+	}
+	wantStatus(t, "request on B after the purge", res, http.StatusCreated)
+	wantCount(t, "upstream runs", u.starts("cached-1"), 2)
+	t.Logf("B ran the purged key anew %v after the purge returned", time.Since(start).Round(time.Millisecond))
+}
+
+// lockTable locks table against every statement until the returned
+// function is called.
+func lockTable(t testing.TB, pg *testpg.Server, table string) (unlock func()) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, pg.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := conn.Begin(ctx)
+	if err == nil {
+		_, err = tx.Exec(ctx, "LOCK TABLE "+pgx.Identifier{table}.Sanitize()+" IN ACCESS EXCLUSIVE MODE")
+	}
+	if err != nil {
+		conn.Close(ctx)
+		t.Fatalf("locking %s: %v", table, err)
+	}
+	return func() {
+		_ = tx.Rollback(ctx)
+		conn.Close(ctx)
+	}
+}
+
 // How long a waiting duplicate on one instance takes to answer after the
-// owner on another has answered: instances A and B share one Redis, the
-// owner runs on A (the upstream takes 200ms), its duplicate waits on B
-// (on_conflict wait). Set WAKEUP_TRIALS (for example 60) to run it; it
-// prints the percentiles of the delay and asserts nothing about them, as
-// the machine may be loaded. CADDY_BIN chooses the build to measure.
+// owner on another has answered: instances A and B share one Redis, or one
+// PostgreSQL table, the owner runs on A (the upstream takes 200ms), its
+// duplicate waits on B (on_conflict wait). Set WAKEUP_TRIALS (for example
+// 60) to run it; it prints the percentiles of the delay and asserts
+// nothing about them, as the machine may be loaded. CADDY_BIN chooses the
+// build to measure; -run TestWakeupLatencyAcrossInstances/postgres one
+// store.
 func TestWakeupLatencyAcrossInstances(t *testing.T) {
 	trials, _ := strconv.Atoi(os.Getenv("WAKEUP_TRIALS"))
 	if trials <= 0 {
 		t.Skip("a measurement: set WAKEUP_TRIALS to run it")
 	}
-	rd := testredis.Start(t)
+	t.Run("redis", func(t *testing.T) {
+		measureWakeup(t, trials, redisStore(testredis.Start(t)))
+	})
+	t.Run("postgres", func(t *testing.T) {
+		measureWakeup(t, trials, pgStore(testpg.Start(t), "e2e_wakeup"))
+	})
+}
+
+func measureWakeup(t *testing.T, trials int, storeOptions string) {
 	u := startUpstream(t)
-	site := proxySite(u, redisStore(rd)+"\non_conflict wait 10s")
+	site := proxySite(u, storeOptions+"\non_conflict wait 10s")
 	a, b := startCaddy(t, "A", site), startCaddy(t, "B", site)
 	cl := newClient(t)
 	body := []byte(`{"sku":"tea"}`)

@@ -103,9 +103,10 @@ type Record struct {
 	// again, and there is no response to replay. Status, Header and Body
 	// are empty.
 	OutcomeUnknown bool
-	// ExpiresAt is when a completed record expires, by the clock of the
-	// instance that completed it, if its store wrote it into the record
-	// (the Redis store does, for its local tier); zero otherwise.
+	// ExpiresAt is when a completed record expires, if its store notes it
+	// for a local tier: the Redis store writes it into the record by the
+	// clock of the instance that completed it; the PostgreSQL store's tier
+	// notes it by this instance's clock. Zero otherwise.
 	ExpiresAt time.Time
 }
 

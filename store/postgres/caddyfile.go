@@ -15,6 +15,7 @@ import (
 //	    max_conns    <number>
 //	    create_table on|off
 //	    name         <name>
+//	    local_cache  <size>
 //	}
 //
 // Each option may be given once; dsn is required.
@@ -37,6 +38,8 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 		case "name":
 			s.Name, err = cfarg.One(d, opt)
+		case "local_cache":
+			s.LocalCache, err = cfarg.Size(d, opt, 1<<62)
 		default:
 			err = cfarg.Unrecognized(d, opt)
 		}

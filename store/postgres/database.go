@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/caddy-idempotency/caddy-idempotency/store"
@@ -28,11 +29,12 @@ var reapInterval = time.Minute
 // reaper lock of the table.
 var errReaperBusy = errors.New("another instance is reaping")
 
-// database is the pool, statements and reaper of one table, shared through
-// the databases pool by every config that uses it.
+// database is the pool, statements, reaper and listener of one table,
+// shared through the databases pool by every config that uses it.
 type database struct {
 	pool      *pgxpool.Pool
 	q         queries
+	events    *listener
 	deadlines *deadlines
 	qualified string
 	ddl       string // DDL under the table's advisory lock
@@ -54,16 +56,21 @@ type database struct {
 }
 
 // newDatabase creates the pool, which connects lazily, and starts the
-// reaper; neither fails when PostgreSQL is down.
-func newDatabase(cfg *pgxpool.Config, schema, table string, create bool, logger *zap.Logger) (*database, error) {
+// reaper; neither fails when PostgreSQL is down. Its listener starts when
+// first needed; its losses count in losses.
+func newDatabase(cfg *pgxpool.Config, schema, table string, create bool, losses *prometheus.CounterVec, logger *zap.Logger) (*database, error) {
+	// Copied before the pool may change it.
+	listenCfg := cfg.ConnConfig.Copy()
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		return nil, err
 	}
 	name := qualify(schema, table)
+	channel := channelName(table)
 	db := &database{
 		pool:      pool,
-		q:         newQueries(name),
+		q:         newQueries(name, quoteLiteral(channel)),
+		events:    newListener(listenCfg, channel, losses, logger),
 		qualified: name,
 		ddl:       fmt.Sprintf("SELECT pg_advisory_xact_lock(%d);\n%s", lockID("ddl", name), DDL(schema, table)),
 		reapLock:  lockID("reap", name),
@@ -81,9 +88,10 @@ func newDatabase(cfg *pgxpool.Config, schema, table string, create bool, logger 
 	return db, nil
 }
 
-// Destruct stops the reaper and closes the pool when the last config using
-// the table is gone.
+// Destruct stops the listener and the reaper and closes the pool when the
+// last config using the table is gone.
 func (db *database) Destruct() error {
+	db.events.close()
 	db.stop()
 	<-db.done
 	db.pool.Close()

@@ -50,13 +50,18 @@ func (s *Store) Lookup(ctx context.Context, key store.Key) (*store.Record, time.
 }
 
 // Delete deletes key's row, whoever owns it, expired or not, and reports
-// whether it was live.
+// whether it was live. The same statement notifies the purge: every
+// instance drops the record from its local tier, and wakes its waiters, if
+// any, to claim the key anew. This instance's tier drops it at once.
 func (s *Store) Delete(ctx context.Context, key store.Key) (bool, error) {
 	if err := s.db.ensure(ctx); err != nil {
 		return false, err
 	}
 	var wasLive bool
-	err := s.db.pool.QueryRow(ctx, s.db.q.delete, key[:]).Scan(&wasLive)
+	err := s.db.pool.QueryRow(ctx, s.db.q.delete, key[:]).Scan(&wasLive, nil)
+	if s.tier != nil {
+		s.tier.Delete(key)
+	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil
 	}

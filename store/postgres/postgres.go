@@ -4,6 +4,10 @@
 // and the calls that must check the owner token are single statements that
 // match the token in their WHERE clause. Every time comes from the
 // database's clock, so Caddy instances with skewed clocks agree on leases.
+// Instances that share a table hear from each other over LISTEN/NOTIFY on
+// one connection per pool (listener.go): waiting duplicates are woken when
+// a claim ends elsewhere, and purges reach the local tier (local_cache),
+// which replays completed records without a statement.
 package postgres
 
 import (
@@ -24,6 +28,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-idempotency/caddy-idempotency/store"
+	"github.com/caddy-idempotency/caddy-idempotency/store/memory"
 )
 
 func init() {
@@ -67,15 +72,23 @@ type Store struct {
 	// first schema of the connection's search_path, usually public.
 	Schema string `json:"schema,omitempty"`
 
-	// MaxConns bounds the connections this store opens to PostgreSQL.
-	// Default: pool_max_conns from the DSN, else the greater of 4 and the
-	// number of CPUs.
+	// MaxConns bounds the connections of this store's pool. The connection
+	// that listens to the other instances' notifications, once a duplicate
+	// waits or local_cache is set, is one more. Default: pool_max_conns
+	// from the DSN, else the greater of 4 and the number of CPUs.
 	MaxConns int `json:"max_conns,omitempty"`
 
 	// CreateTable creates the table and its indexes when they are missing,
 	// at the first use of the database. Turn it off when migrations manage
 	// the schema; DDL prints the statements to run. Default: true.
 	CreateTable *bool `json:"create_table,omitempty"`
+
+	// LocalCache is the size in bytes of this instance's local tier: a copy
+	// of the completed records it has seen, replayed without a statement,
+	// each until its expiry, the oldest evicted first when full. Purges on
+	// any instance reach it over LISTEN/NOTIFY; while that connection is
+	// down it is emptied and unused. Default: 0, no local tier.
+	LocalCache int64 `json:"local_cache,omitempty"`
 
 	// Resolved at provisioning; the exported fields keep what was written.
 	dsn     string
@@ -84,6 +97,7 @@ type Store struct {
 	poolKey string
 	name    string // in the store registry
 	db      *database
+	tier    *memory.Cache // nil without local_cache
 	logger  *zap.Logger
 }
 
@@ -124,10 +138,14 @@ func (s *Store) Provision(ctx caddy.Context) error {
 		cfg.MaxConns = int32(s.MaxConns)
 	}
 	create := s.CreateTable == nil || *s.CreateTable
+	losses, err := store.SubscriptionLosses(ctx.GetMetricsRegistry())
+	if err != nil {
+		return fmt.Errorf("registering metrics: %w", err)
+	}
 
 	s.poolKey = s.databaseKey(create)
 	val, _, err := databases.LoadOrNew(s.poolKey, func() (caddy.Destructor, error) {
-		return newDatabase(cfg, s.schema, s.table, create, s.logger)
+		return newDatabase(cfg, s.schema, s.table, create, losses, s.logger)
 	})
 	if err != nil {
 		s.poolKey = ""
@@ -136,6 +154,7 @@ func (s *Store) Provision(ctx caddy.Context) error {
 	s.db = val.(*database)
 	records := defaultName(cfg, s.schema, s.table)
 	s.name = cmp.Or(s.Name, records)
+	s.tier = s.db.events.join(s.LocalCache, s.name)
 	// On error, Caddy's call of Cleanup gives the pool back.
 	return store.Register(ctx.Context, store.Registration{Name: s.name, Module: "postgres", Store: s}, records)
 }
@@ -162,6 +181,8 @@ func (s *Store) Validate() error {
 		return fmt.Errorf("schema '%s' is longer than %d bytes", s.schema, maxIdentifier)
 	case s.MaxConns < 0 || s.MaxConns > math.MaxInt32:
 		return fmt.Errorf("max_conns %d is out of range", s.MaxConns)
+	case s.LocalCache < 0:
+		return fmt.Errorf("local_cache %d is negative", s.LocalCache)
 	}
 	return nil
 }
@@ -171,6 +192,12 @@ func (s *Store) Validate() error {
 func (s *Store) Cleanup() error {
 	if s == nil {
 		return nil
+	}
+	// The pool stays while requests of the old config may still be
+	// finishing after a reload; so does the tier, which the last store to
+	// leave it suspends.
+	if s.poolKey != "" {
+		s.db.events.leave(s.LocalCache, s.name)
 	}
 	if err := store.Detach(s, s.name, databases, &s.poolKey); err != nil {
 		return fmt.Errorf("closing postgres pool: %w", err)
@@ -182,8 +209,8 @@ func (s *Store) Cleanup() error {
 // It has a value receiver so that printing a Store value is redacted too.
 func (s Store) String() string {
 	create := s.CreateTable == nil || *s.CreateTable
-	return fmt.Sprintf("postgres{name=%q dsn=%q schema=%q table=%q max_conns=%d create_table=%t}",
-		s.Name, redactDSN(s.DSN), s.Schema, s.Table, s.MaxConns, create)
+	return fmt.Sprintf("postgres{name=%q dsn=%q schema=%q table=%q max_conns=%d create_table=%t local_cache=%d}",
+		s.Name, redactDSN(s.DSN), s.Schema, s.Table, s.MaxConns, create, s.LocalCache)
 }
 
 // GoString keeps %#v from printing the password.

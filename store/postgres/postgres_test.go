@@ -120,6 +120,7 @@ func TestProvisionErrors(t *testing.T) {
 		{Store{DSN: "postgres://u:secret@host:notaport/db"}, "parsing dsn"},
 		{Store{DSN: "postgres://h/db", Table: strings.Repeat("t", 64)}, "longer than 63"},
 		{Store{DSN: "postgres://h/db", MaxConns: -1}, "max_conns -1"},
+		{Store{DSN: "postgres://h/db", LocalCache: -1}, "local_cache -1"},
 	} {
 		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 		err := tc.s.Provision(ctx)

@@ -19,8 +19,22 @@ import (
 const acquireAttempts = 5
 
 // Acquire claims key for c, or returns its live record, in one statement;
-// a second takes over an expired row.
+// a second takes over an expired row. With a local tier, a completed
+// record found there is answered without a statement, and one that the
+// statement returns is kept there.
 func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (*store.Record, error) {
+	var version uint64
+	var start time.Time
+	if s.tier != nil {
+		if blob := s.tier.Get(key); blob != nil {
+			rec, err := store.DecodeRecord(blob)
+			if err != nil {
+				return nil, store.Unavailable("decoding record", err)
+			}
+			return rec, nil
+		}
+		version, start = s.tier.Version(), time.Now()
+	}
 	ctx = s.db.deadlines.bound(ctx)
 	if err := s.db.ensure(ctx); err != nil {
 		return nil, err
@@ -38,10 +52,14 @@ func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (*st
 		case r.won:
 			c.CreatedAt = r.rec.CreatedAt
 			return nil, nil
-		case r.live:
+		case r.live():
 			rec, err := r.record()
 			if err != nil {
 				return nil, s.unavailable("acquiring", err)
+			}
+			if s.tier != nil && rec.State == store.Completed {
+				rec.ExpiresAt = start.Add(time.Duration(r.ttl))
+				s.keep(key, &store.Claim{Token: rec.Token, Endpoint: rec.Endpoint, Fingerprint: rec.Fingerprint, CreatedAt: rec.CreatedAt}, rec, version)
 			}
 			return rec, nil
 		}
@@ -88,8 +106,34 @@ func (s *Store) Complete(ctx context.Context, key store.Key, c *store.Claim, rec
 		headers = *buf
 	}
 	status, truncated := outcomeColumns(rec)
-	return s.exec(ctx, "completing", s.db.q.complete,
+	var version uint64
+	var start time.Time
+	if s.tier != nil {
+		version, start = s.tier.Version(), time.Now()
+	}
+	err := s.exec(ctx, "completing", s.db.q.complete,
 		key[:], c.Token[:], status, headers, rec.Body, truncated, micros(ttl))
+	if err == nil && s.tier != nil {
+		done := *rec
+		done.ExpiresAt = start.Add(ttl)
+		s.keep(key, c, &done, version)
+	}
+	return err
+}
+
+// The local tier keeps each record until its expiry by this instance's
+// clock, without ever comparing the database's timestamps with it: a
+// record completed here expires ttl after the completion's statement was
+// sent, one read from the database its time to live, which the database
+// computed from its own clock, after the reading statement was sent. Both
+// statements started later on the database, so the tier drops the record
+// no later than the database does (earlier by the time the statement took
+// to start there), however far apart the two clocks are.
+//
+// keep puts the completed record of the claim c, with the response and
+// expiry in rec, into the tier, unless a purge came since version.
+func (s *Store) keep(key store.Key, c *store.Claim, rec *store.Record, version uint64) {
+	s.tier.Put(key, store.AppendCompleted(nil, c, rec), version)
 }
 
 // headerBuffers holds the buffers Complete encodes headers into; pgx copies

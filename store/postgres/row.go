@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgtype"
+
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
@@ -18,9 +20,10 @@ type row struct {
 	rec    store.Record
 	status int32
 	// Acquire's leading columns, and Lookup's trailing one.
-	won, live bool
-	expires   time.Time
-	dest      [11]any
+	won     bool
+	ttl     ttlColumn
+	expires time.Time
+	dest    [11]any
 }
 
 // A record whose outcome is unknown is a completed row with truncated set
@@ -48,12 +51,15 @@ func (r *row) columns(at int) {
 }
 
 // acquired returns the scan destinations of Acquire's row: whether the
-// claim won and whether the row is live, then the record's columns.
+// claim won and the row's time to live, then the record's columns.
 func (r *row) acquired() []any {
-	r.dest[0], r.dest[1] = &r.won, &r.live
+	r.dest[0], r.dest[1] = &r.won, &r.ttl
 	r.columns(2)
 	return r.dest[:11]
 }
+
+// live reports whether the row Acquire found is live.
+func (r *row) live() bool { return r.ttl > 0 }
 
 // looked returns the scan destinations of Lookup's row: the record's
 // columns, then expires_at.
@@ -68,8 +74,12 @@ func (r *row) record() (*store.Record, error) {
 	if r.rec.State == 0 {
 		return nil, errors.New("record without a state")
 	}
+	if r.rec.State == store.InProgress {
+		// A claim has no status: its column may hold watchedStatus.
+		return &r.rec, nil
+	}
 	r.rec.Status = int(r.status)
-	if r.rec.State == store.Completed && r.rec.Truncated && r.rec.Status == 0 {
+	if r.rec.Truncated && r.rec.Status == 0 {
 		r.rec.Truncated, r.rec.OutcomeUnknown = false, true
 	}
 	return &r.rec, nil
@@ -110,6 +120,19 @@ func scanFixed(dst, b []byte, what string) error {
 		return fmt.Errorf("%s of %d bytes, want %d", what, len(b), len(dst))
 	default:
 		copy(dst, b)
+	}
+	return nil
+}
+
+// ttlColumn is a row's time to live, expires_at - now(), which PostgreSQL
+// computes from its own clock: negative once the row has expired.
+type ttlColumn time.Duration
+
+func (t *ttlColumn) ScanInterval(v pgtype.Interval) error {
+	if v.Valid {
+		// The difference of two timestamps has no months, and days of 24
+		// hours.
+		*t = ttlColumn(time.Duration(v.Microseconds)*time.Microsecond + time.Duration(v.Days)*24*time.Hour)
 	}
 	return nil
 }

@@ -4,6 +4,8 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
 // DDL returns the statements that create the table and its indexes, for the
@@ -50,8 +52,8 @@ func qualify(schema, table string) string {
 // expired row, which Acquire follows with a second; pgx prepares each once
 // per connection.
 type queries struct {
-	acquire, takeover, complete, release, renew, reap string
-	lookup, delete, inFlight                          string
+	acquire, takeover, complete, release, renew, watch, reap string
+	lookup, delete, inFlight                                 string
 }
 
 // The statements of one key find its row through the primary key alone.
@@ -74,14 +76,48 @@ const (
 // passed is dead to its old owner even before anyone takes it over.
 const owned = `key = $1 AND token = $2 AND state <> 'completed' AND ` + isLive
 
-func newQueries(table string) queries {
+// Waiting duplicates on other instances are woken over the table's
+// channel (events.go). Announcing the end of every claim would make every
+// completion a NOTIFY, which PostgreSQL serializes at commit across the
+// whole cluster, and deliver it to every instance. So a waiter that finds
+// a claim in progress marks its row watched (watch): an in-progress row's
+// status, which is 0 and unused until the completion writes the
+// response's, becomes watchedStatus, a status no response has. The
+// completion and release then notify in their own statement, and only for
+// a watched row: the condition notifyIfWatched is always true, and calls
+// pg_notify on its way when the row it is checked on is watched. The
+// planner checks it after the cheaper ones, so a row that the token does
+// not own is normally left alone; a notification too many is harmless, a
+// spurious wake-up.
+//
+// The mark and the end are serialized by the row's lock: a waiter's mark
+// waits for an uncommitted completion and then finds the row completed
+// (not in progress: the waiter reads it at once); a completion that
+// waits for an uncommitted mark, or began before a mark committed, checks
+// its conditions again on the row's newest version, watched, and
+// notifies. A purge (Inspector Delete) always notifies, for the local
+// tiers. No column is added: tables of earlier versions need no change, and
+// a takeover, which sets status to 0, drops the mark with the dead claim.
+const watchedStatus = -1
+
+// notifyIfWatched is the condition of the completion and release on
+// channel, a quoted literal.
+func notifyIfWatched(channel string) string {
+	return fmt.Sprintf(`CASE WHEN status = %d THEN pg_notify(%s, '%c' || encode(key, 'hex')) IS NOT NULL ELSE true END`,
+		watchedStatus, channel, store.EventEnded)
+}
+
+// newQueries returns the statements of table, whose events go to channel
+// (a quoted literal).
+func newQueries(table, channel string) queries {
+	ended := ` AND ` + notifyIfWatched(channel)
 	return queries{
 		// acquire reads the key's row in the statement's snapshot, and
 		// inserts the claim if there is none: the primary key makes the
 		// insert atomic, and ON CONFLICT DO NOTHING neither locks nor
 		// writes. A replay finds its record and writes nothing. A row that
-		// is there but expired comes back with live false, for takeover to
-		// replace.
+		// is there but expired comes back with a time to live that is not
+		// positive, for takeover to replace.
 		//
 		// Both CTEs see the snapshot of the statement's start, so when a
 		// concurrent claim commits after it, claimed conflicts but old
@@ -93,9 +129,12 @@ func newQueries(table string) queries {
 		// update's projection and condition on every run, a tenth of the
 		// server's instructions per replay, for a path that only keys
 		// reused after their TTL and dead owners' claims take.
+		//
+		// The time to live, by the database's clock, tells whether the row
+		// is live, and how long the local tier may keep it (records.go).
 		acquire: fmt.Sprintf(`WITH old AS (
 	SELECT state, token, endpoint, fingerprint, status, headers, body, truncated, created_at,
-		expires_at > now() AS live
+		expires_at - now() AS ttl
 	FROM %[1]s WHERE key = $1
 ), claimed AS (
 	INSERT INTO %[1]s (key, state, token, endpoint, fingerprint, created_at, expires_at)
@@ -104,14 +143,15 @@ func newQueries(table string) queries {
 	ON CONFLICT (key) DO NOTHING
 	RETURNING 1
 )
-SELECT true, true, NULL::text, NULL::bytea, '', NULL::bytea, 0, NULL::jsonb, NULL::bytea, false, now() FROM claimed
+SELECT true, NULL::interval, NULL::text, NULL::bytea, '', NULL::bytea, 0, NULL::jsonb, NULL::bytea, false, now() FROM claimed
 UNION ALL
-SELECT false, live, state, token, endpoint, fingerprint, status, headers, body, truncated, created_at FROM old`, table),
+SELECT false, ttl, state, token, endpoint, fingerprint, status, headers, body, truncated, created_at FROM old`, table),
 
 		// takeover replaces the key's expired row with the claim. The
 		// update locks the row and rechecks expires_at on its newest
 		// version, so two takeovers cannot both win: the second finds the
-		// first's live claim and updates nothing.
+		// first's live claim and updates nothing. Its status 0 is an
+		// unwatched claim.
 		takeover: fmt.Sprintf(`UPDATE %s SET state = 'in_progress', token = $2, endpoint = $3, fingerprint = $4,
 	status = 0, headers = NULL, body = NULL, truncated = false,
 	created_at = now(), expires_at = now() + $5::bigint * interval '1 microsecond'
@@ -120,12 +160,17 @@ RETURNING created_at`, table),
 
 		complete: fmt.Sprintf(`UPDATE %s SET state = 'completed', status = $3, headers = $4, body = $5,
 	truncated = $6, expires_at = now() + $7::bigint * interval '1 microsecond'
-WHERE `+owned, table),
+WHERE `+owned+ended, table),
 
-		release: fmt.Sprintf(`DELETE FROM %s WHERE `+owned, table),
+		release: fmt.Sprintf(`DELETE FROM %s WHERE `+owned+ended, table),
 
 		renew: fmt.Sprintf(`UPDATE %s SET expires_at = now() + $3::bigint * interval '1 microsecond'
 WHERE `+owned, table),
+
+		// watch marks the key's claim watched if it is in progress, and
+		// updates no row if it is not.
+		watch: fmt.Sprintf(`UPDATE %s SET status = %d
+WHERE key = $1 AND state <> 'completed' AND `+isLive, table, watchedStatus),
 
 		// A TID scan deletes the batch the index found. The outer recheck
 		// of expires_at matters: a row taken over since the inner SELECT is
@@ -137,7 +182,12 @@ AND expires_at <= now()`, table),
 		lookup: fmt.Sprintf(`SELECT state, token, endpoint, fingerprint, status, headers, body, truncated, created_at, expires_at
 FROM %s WHERE key = $1 AND `+isLive, table),
 
-		delete: fmt.Sprintf(`DELETE FROM %s WHERE key = $1 RETURNING expires_at > now()`, table),
+		// delete notifies whether or not there was a row: a tier may
+		// hold a record whose row is gone, which it must drop all the
+		// same.
+		delete: fmt.Sprintf(`WITH gone AS (DELETE FROM %s WHERE key = $1 RETURNING expires_at > now() AS live)
+SELECT coalesce((SELECT live FROM gone), false), pg_notify(%s, '%c' || encode($1, 'hex')) IS NOT NULL`,
+			table, channel, store.EventPurged),
 
 		// inFlight reads no body or headers. The DDL's partial index on
 		// created_at WHERE state = 'in_progress' serves it (tables created

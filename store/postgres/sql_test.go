@@ -71,6 +71,7 @@ func checkPlans(t *testing.T, s *Store) {
 		"complete": {q.complete, `'\x01', '\x02', 200, NULL, NULL, false, 1000`},
 		"release":  {q.release, `'\x01', '\x02'`},
 		"renew":    {q.renew, `'\x01', '\x02', 1000`},
+		"watch":    {q.watch, `'\x01'`},
 		"lookup":   {q.lookup, `'\x01'`},
 		"delete":   {q.delete, `'\x01'`},
 	} {
@@ -124,7 +125,8 @@ CREATE INDEX %[3]s ON %[1]s (created_at) WHERE state = 'in_progress';
 `
 
 // A table made by earlier versions, with their rows in it (headers written
-// by encoding/json), works on as it is, with create_table on or off.
+// by encoding/json), works on as it is, with create_table on or off, waking
+// waiters across instances too.
 func TestTableOfEarlierVersions(t *testing.T) {
 	for _, create := range []bool{true, false} {
 		t.Run(fmt.Sprintf("create_table %t", create), func(t *testing.T) {
@@ -173,8 +175,17 @@ func testEarlierRows(t *testing.T, s *Store) {
 		!reflect.DeepEqual(rec.Header, header) || string(rec.Body) != `{"id":1}` || rec.Token != token || rec.Fingerprint != fp {
 		t.Fatalf("replay of an earlier completed row = %+v, %v", rec, err)
 	}
+	// A waiter marks an earlier claim as it marks any, and its completion
+	// notifies.
+	conn := listen(t, s)
+	if !notify(t, s, running) {
+		t.Fatal("Notify found the earlier claim not in progress")
+	}
 	if err := s.Complete(ctx, running, claimOf(), &store.Record{Status: 202, Header: header, Body: []byte("ok")}, time.Hour); err != nil {
 		t.Fatalf("completing an earlier claim: %v", err)
+	}
+	if got := received(t, conn, 300*time.Millisecond); len(got) != 1 || got[0] != string(store.AppendEvent(nil, store.EventEnded, running)) {
+		t.Fatalf("completing a watched earlier claim notified %q", got)
 	}
 	if rec, err := s.Acquire(ctx, running, claim(time.Minute)); err != nil || rec == nil || rec.State != store.Completed ||
 		rec.Status != 202 || !reflect.DeepEqual(rec.Header, header) || string(rec.Body) != "ok" {

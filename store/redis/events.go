@@ -2,7 +2,6 @@ package redis
 
 import (
 	"context"
-	"encoding/hex"
 
 	goredis "github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
@@ -10,8 +9,8 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
-// The events that instances announce on their prefix's channel: one byte
-// of kind, then the key's 64 hex digits.
+// The events that instances announce on their prefix's channel are
+// store.AppendEvent's.
 //
 // Announcing the end of every claim would cost Redis a delivery to every
 // instance per new key. So a waiter that finds a claim in progress marks
@@ -21,11 +20,6 @@ import (
 // anyway, report the flag, and only then is the end announced: a claim
 // nobody waits for costs nothing more. A purge is always announced, for
 // the local tiers.
-const (
-	eventEnded  = 'e' // a claim someone waits for was completed or released
-	eventPurged = 'p' // a record was deleted, whatever its state
-	eventLen    = 1 + 2*len(store.Key{})
-)
 
 // notifyScript sets the watched flag ARGV[3] in the flags byte at offset
 // ARGV[2] of KEYS[1] if it is an in-progress claim (whose head is ARGV[1]),
@@ -65,26 +59,13 @@ func (s *Store) Notify(ctx context.Context, key store.Key) (bool, error) {
 // costs the waiters elsewhere their fallback poll; the caller decides what
 // a lost purge costs.
 func (s *Store) announce(ctx context.Context, kind byte, key store.Key) error {
-	var b [eventLen]byte
-	b[0] = kind
-	hex.Encode(b[1:], key[:])
-	err := s.events.publish(ctx, s.channel, b[:])
-	if err != nil && kind == eventEnded {
+	var b [1 + 2*len(store.Key{})]byte
+	err := s.events.publish(ctx, s.channel, store.AppendEvent(b[:0], kind, key))
+	if err != nil && kind == store.EventEnded {
 		s.logger.Warn("announcing the end of a claim failed; its waiters on other instances notice it at their next poll",
 			zap.String("key_hash", key.String()), zap.Error(err))
 	}
 	return err
-}
-
-// parseEvent reads what announce sent.
-func parseEvent(p string) (kind byte, key store.Key, ok bool) {
-	if len(p) != eventLen || (p[0] != eventEnded && p[0] != eventPurged) {
-		return 0, key, false
-	}
-	if _, err := hex.Decode(key[:], []byte(p[1:])); err != nil {
-		return 0, key, false
-	}
-	return p[0], key, true
 }
 
 var _ store.Notifier = (*Store)(nil)

@@ -239,21 +239,6 @@ func waitFor(t testing.TB, what string, cond func() bool) {
 	}
 }
 
-func TestParseEvent(t *testing.T) {
-	k := storetest.NewKey()
-	for _, kind := range []byte{eventEnded, eventPurged} {
-		got, key, ok := parseEvent(string(kind) + k.String())
-		if !ok || got != kind || key != k {
-			t.Errorf("parseEvent of kind %c = %c, %v, %t", kind, got, key, ok)
-		}
-	}
-	for _, bad := range []string{"", "e", "x" + k.String(), "e" + k.String()[1:] + "g", "e" + k.String() + "0"} {
-		if _, _, ok := parseEvent(bad); ok {
-			t.Errorf("parseEvent(%q) accepted it", bad)
-		}
-	}
-}
-
 // On a Cluster the subscription is sharded: SSUBSCRIBE on the master of
 // the events channel's slot, and SPUBLISH to it.
 func testClusterEvents(t *testing.T, cl *testredis.Cluster) {

@@ -83,7 +83,7 @@ func (s *Store) Delete(ctx context.Context, key store.Key) (bool, error) {
 	if s.tier != nil {
 		s.tier.Delete(key)
 	}
-	if err := s.announce(ctx, eventPurged, key); err != nil {
+	if err := s.announce(ctx, store.EventPurged, key); err != nil {
 		return n > 0, store.Unavailable("announcing the purge to other instances", err)
 	}
 	return n > 0, nil

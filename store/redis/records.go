@@ -168,7 +168,7 @@ func (s *Store) Complete(ctx context.Context, key store.Key, c *store.Claim, rec
 		s.tier.Put(key, blob, version)
 	}
 	if n == endedWatched {
-		_ = s.announce(ctx, eventEnded, key)
+		_ = s.announce(ctx, store.EventEnded, key)
 	}
 	return nil
 }
@@ -179,7 +179,7 @@ func (s *Store) Release(ctx context.Context, key store.Key, token store.Token) e
 	defer cancel()
 	n, err := s.owned(releaseScript.Run(ctx, s.client, []string{s.key(key)}, owner(token), store.FlagsOffset, store.FlagWatched), "releasing")
 	if n == endedWatched {
-		_ = s.announce(ctx, eventEnded, key)
+		_ = s.announce(ctx, store.EventEnded, key)
 	}
 	return err
 }

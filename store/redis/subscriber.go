@@ -7,7 +7,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	goredis "github.com/redis/go-redis/v9"
@@ -30,24 +29,15 @@ import (
 // meanwhile would never reach this instance's local tier; so the
 // subscriber sees every drop itself (a receive error, an unanswered ping,
 // the server unsubscribing it when a slot moves), suspends the tiers it
-// feeds until it has subscribed again, and counts the loss.
-const (
-	// pingAfter is how long a silent subscription goes before it is
-	// pinged; unanswered for as long again, it counts as lost. A
-	// connection that died without a word (a partition) is noticed within
-	// twice this.
-	pingAfter = time.Second
-	// resubscribeMin and resubscribeMax bound the backoff between attempts
-	// to subscribe again.
-	resubscribeMin = 100 * time.Millisecond
-	resubscribeMax = 5 * time.Second
-)
+// feeds until it has subscribed again, and counts the loss; what it shares
+// with the PostgreSQL store's listener is in store.KeepSubscribed,
+// store.LossCounter and memory.Tiers.
 
 // subscriber is the subscription of one shared client, and the local tiers
 // that it keeps coherent.
 type subscriber struct {
 	client goredis.UniversalClient
-	losses *prometheus.CounterVec // by the names of the stores it serves
+	losses *store.LossCounter // against the stores it serves
 	logger *zap.Logger
 
 	// sharded is set on a Cluster until the server refuses SSUBSCRIBE or
@@ -56,9 +46,9 @@ type subscriber struct {
 
 	mu sync.Mutex
 	// channels are never dropped: a client serves few prefixes, and
-	// unsubscribing would race with a store that joins again.
-	channels map[string]*channel
-	stores   map[string]int  // the names of the stores joined, and how many of each
+	// unsubscribing would race with a store that joins again. A channel's
+	// tiers are live while it is subscribed on the current connection.
+	channels map[string]*memory.Tiers
 	ps       *goredis.PubSub // of the session under way, if any
 	started  bool
 	stopped  bool
@@ -66,27 +56,12 @@ type subscriber struct {
 	done     chan struct{}
 }
 
-// channel is one prefix's events channel.
-type channel struct {
-	live   bool                   // subscribed on the current connection
-	caches map[int64]*sharedCache // the local tiers of its stores, by size
-}
-
-// sharedCache is a local tier shared by the stores (of one config or of
-// the old and new configs during a reload) that use the same prefix and
-// size.
-type sharedCache struct {
-	*memory.Cache
-	users int
-}
-
 func newSubscriber(client goredis.UniversalClient, cluster bool, losses *prometheus.CounterVec, logger *zap.Logger) *subscriber {
 	sub := &subscriber{
 		client:   client,
-		losses:   losses,
+		losses:   store.NewLossCounter(losses),
 		logger:   logger,
-		channels: make(map[string]*channel),
-		stores:   make(map[string]int),
+		channels: make(map[string]*memory.Tiers),
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
 	}
@@ -99,47 +74,23 @@ func newSubscriber(client goredis.UniversalClient, cluster bool, losses *prometh
 // starting the subscription that keeps the tier coherent. A lost
 // subscription counts against every store joined.
 func (sub *subscriber) join(name string, cacheSize int64, storeName string) *memory.Cache {
+	sub.losses.Add(storeName)
 	sub.mu.Lock()
 	defer sub.mu.Unlock()
-	sub.stores[storeName]++
-	ch := sub.channel(name)
-	if cacheSize <= 0 {
-		return nil
+	tier := sub.channel(name).Join(cacheSize)
+	if tier != nil {
+		sub.startLocked()
 	}
-	sc := ch.caches[cacheSize]
-	if sc == nil {
-		sc = &sharedCache{Cache: memory.NewCache(cacheSize)}
-		if ch.live {
-			sc.Resume()
-		}
-		ch.caches[cacheSize] = sc
-	}
-	sc.users++
-	sub.startLocked()
-	return sc.Cache
+	return tier
 }
 
-// leave undoes join. The last store to leave a tier suspends and destroys
-// it: requests of the old config that are still finishing may read it,
-// and a tier that no longer hears of purges must serve nothing.
+// leave undoes join.
 func (sub *subscriber) leave(name string, cacheSize int64, storeName string) {
+	sub.losses.Remove(storeName)
 	sub.mu.Lock()
 	defer sub.mu.Unlock()
-	if sub.stores[storeName]--; sub.stores[storeName] <= 0 {
-		delete(sub.stores, storeName)
-	}
-	ch := sub.channels[name]
-	if ch == nil || cacheSize <= 0 {
-		return
-	}
-	sc := ch.caches[cacheSize]
-	if sc == nil {
-		return
-	}
-	if sc.users--; sc.users == 0 {
-		delete(ch.caches, cacheSize)
-		sc.Suspend()
-		sc.Destruct()
+	if ts := sub.channels[name]; ts != nil {
+		ts.Leave(cacheSize)
 	}
 }
 
@@ -149,25 +100,25 @@ func (sub *subscriber) listening(name string) bool {
 	sub.mu.Lock()
 	defer sub.mu.Unlock()
 	sub.startLocked()
-	ch := sub.channels[name]
-	return ch != nil && ch.live
+	ts := sub.channels[name]
+	return ts != nil && ts.Live()
 }
 
 // channel returns the channel called name, subscribing to it on the
 // current connection if it is new. sub.mu is held.
-func (sub *subscriber) channel(name string) *channel {
-	ch := sub.channels[name]
-	if ch != nil {
-		return ch
+func (sub *subscriber) channel(name string) *memory.Tiers {
+	ts := sub.channels[name]
+	if ts != nil {
+		return ts
 	}
-	ch = &channel{caches: make(map[int64]*sharedCache)}
-	sub.channels[name] = ch
+	ts = new(memory.Tiers)
+	sub.channels[name] = ts
 	if sub.ps != nil {
 		// A failure shows in the session's receive loop, which then
 		// subscribes anew to every channel.
 		_ = sub.subscribe(context.Background(), sub.ps, name)
 	}
-	return ch
+	return ts
 }
 
 func (sub *subscriber) startLocked() {
@@ -195,25 +146,17 @@ func (sub *subscriber) close() {
 
 func (sub *subscriber) run() {
 	defer close(sub.done)
-	backoff := resubscribeMin
-	for {
+	store.KeepSubscribed(sub.stop, func() bool {
 		wasLive, err := sub.session()
-		if sub.lost(err, wasLive) {
-			backoff = resubscribeMin
-		}
+		lost := sub.lost(err, wasLive)
 		if cc, ok := sub.client.(*goredis.ClusterClient); ok {
 			// The channel's slot may have moved: ask for the slots anew
 			// rather than subscribe on the old node until go-redis's
 			// periodic refresh.
 			cc.ReloadState(context.Background())
 		}
-		select {
-		case <-sub.stop:
-			return
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, resubscribeMax)
-	}
+		return lost
+	})
 }
 
 // session subscribes on a new connection and delivers what it receives
@@ -245,7 +188,7 @@ func (sub *subscriber) session() (wasLive bool, err error) {
 
 	pinged := false
 	for {
-		msg, err := ps.ReceiveTimeout(ctx, pingAfter)
+		msg, err := ps.ReceiveTimeout(ctx, store.PingAfter)
 		var netErr net.Error
 		switch {
 		case errors.As(err, &netErr) && netErr.Timeout() && !pinged:
@@ -307,32 +250,28 @@ func unknownCommand(err goredis.Error) bool {
 func (sub *subscriber) confirm(name string) bool {
 	sub.mu.Lock()
 	defer sub.mu.Unlock()
-	ch := sub.channels[name]
-	if ch == nil {
+	ts := sub.channels[name]
+	if ts == nil {
 		return false
 	}
-	ch.live = true
-	for _, sc := range ch.caches {
-		sc.Resume()
-	}
+	ts.Resume()
 	return true
 }
 
 // deliver acts on one event: it evicts a purged record from the channel's
 // tiers, then wakes the key's waiters in this process.
 func (sub *subscriber) deliver(name, payload string) {
-	kind, key, ok := parseEvent(payload)
+	kind, key, ok := store.ParseEvent(payload)
 	if !ok {
 		return
 	}
-	if kind == eventPurged {
+	if kind == store.EventPurged {
 		sub.mu.Lock()
-		if ch := sub.channels[name]; ch != nil {
-			for _, sc := range ch.caches {
-				sc.Delete(key)
-			}
-		}
+		ts := sub.channels[name]
 		sub.mu.Unlock()
+		if ts != nil {
+			ts.Evict(key)
+		}
 	}
 	store.SignalEnd(key)
 }
@@ -344,18 +283,13 @@ func (sub *subscriber) lost(err error, wasLive bool) bool {
 	sub.mu.Lock()
 	defer sub.mu.Unlock()
 	sub.ps = nil
-	for _, ch := range sub.channels {
-		ch.live = false
-		for _, sc := range ch.caches {
-			sc.Suspend()
-		}
+	for _, ts := range sub.channels {
+		ts.Suspend()
 	}
 	if !wasLive || sub.stopped {
 		return false
 	}
-	for name := range sub.stores {
-		sub.losses.WithLabelValues(name).Inc()
-	}
+	sub.losses.Lost()
 	sub.logger.Warn("lost the Redis subscription that wakes waiting duplicates and keeps the local cache coherent; local cache off until it is back",
 		zap.Error(err))
 	return true
