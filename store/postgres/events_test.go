@@ -29,44 +29,6 @@ func instances(t testing.TB, dsn, schema, table string, localCache int64) (a, b 
 	return a, b
 }
 
-// notify calls s.Notify until the listener it starts is up, and returns
-// whether the claim was in progress.
-func notify(t testing.TB, s *Store, k store.Key) bool {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		inProgress, err := s.Notify(context.Background(), k)
-		switch {
-		case err == nil:
-			return inProgress
-		case !errors.Is(err, store.ErrNotListening) || time.Now().After(deadline):
-			t.Fatalf("Notify: %v", err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-// wantWoken fails unless ended closes. Nothing but the listener closes it
-// here (no handler runs, and there is no fallback poll), so a close at all
-// is the proof; the timeout only bounds a failing test.
-func wantWoken(t testing.TB, ended <-chan struct{}, what string) {
-	t.Helper()
-	select {
-	case <-ended:
-	case <-time.After(5 * time.Second):
-		t.Fatalf("%s did not wake the waiter", what)
-	}
-}
-
-func wantNotWoken(t testing.TB, ended <-chan struct{}, what string) {
-	t.Helper()
-	select {
-	case <-ended:
-		t.Fatalf("%s woke the waiter", what)
-	case <-time.After(200 * time.Millisecond):
-	}
-}
-
 func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(15 * time.Second)
@@ -82,40 +44,7 @@ func waitFor(t testing.TB, what string, cond func() bool) {
 // releases the claim, and by a purge; a renewal wakes nobody.
 func TestNotifyWakesWaitersOfAnotherInstance(t *testing.T) {
 	waiter, owner := instances(t, shared.DSN(), "", newTable(), 0)
-	testNotifyWakes(t, waiter, owner)
-}
-
-func testNotifyWakes(t *testing.T, waiter, owner *Store) {
-	t.Helper()
-	ctx := context.Background()
-	for _, end := range []struct {
-		name string
-		f    func(k store.Key, c *store.Claim) error
-	}{
-		{"Complete", func(k store.Key, c *store.Claim) error {
-			return owner.Complete(ctx, k, c, &store.Record{Status: 201}, time.Minute)
-		}},
-		{"Release", func(k store.Key, c *store.Claim) error { return owner.Release(ctx, k, c.Token) }},
-		{"Delete", func(k store.Key, c *store.Claim) error { _, err := owner.Delete(ctx, k); return err }},
-	} {
-		k, c := storetest.NewKey(), claim(time.Minute)
-		if rec, err := owner.Acquire(ctx, k, c); rec != nil || err != nil {
-			t.Fatalf("Acquire = %v, %v", rec, err)
-		}
-		ended, stop := store.AwaitEnd(k)
-		if !notify(t, waiter, k) {
-			t.Fatalf("%s: Notify found no claim in progress", end.name)
-		}
-		if err := owner.Renew(ctx, k, c.Token, time.Minute); err != nil {
-			t.Fatal(err)
-		}
-		wantNotWoken(t, ended, "a renewal")
-		if err := end.f(k, c); err != nil {
-			t.Fatalf("%s: %v", end.name, err)
-		}
-		wantWoken(t, ended, end.name)
-		stop()
-	}
+	storetest.NotifyWakes(t, waiter, owner)
 }
 
 // Odd table and schema names make a channel that LISTEN and pg_notify
@@ -130,7 +59,7 @@ func TestNotifyOddNames(t *testing.T) {
 				sqlExec(t, shared.DSN(), "CREATE SCHEMA IF NOT EXISTS "+qualify("", names.schema))
 			}
 			waiter, owner := instances(t, shared.DSN(), names.schema, names.table, 0)
-			testNotifyWakes(t, waiter, owner)
+			storetest.NotifyWakes(t, waiter, owner)
 		})
 	}
 }
@@ -159,7 +88,7 @@ func TestNotifyAcrossSpellingsOfOneTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	owner := storetest.Provision(t, &Store{DSN: shared.DSN(), Table: table})
-	testNotifyWakes(t, waiter, owner)
+	storetest.NotifyWakes(t, waiter, owner)
 }
 
 // Notify arranges nothing for a claim that has already ended, and says so.
@@ -167,14 +96,14 @@ func TestNotifyReportsAnEndedClaim(t *testing.T) {
 	s := storetest.Provision(t, &Store{DSN: shared.DSN(), Table: newTable()})
 	ctx := context.Background()
 	k, c := storetest.NewKey(), claim(time.Minute)
-	if notify(t, s, k) {
+	if storetest.Notify(t, s, k) {
 		t.Fatal("Notify of an absent key reported a claim in progress")
 	}
 	s.Acquire(ctx, k, c)
 	if err := s.Complete(ctx, k, c, &store.Record{Status: 200}, time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	if notify(t, s, k) {
+	if storetest.Notify(t, s, k) {
 		t.Fatal("Notify of a completed key reported a claim in progress")
 	}
 	if rec, err := s.Acquire(ctx, k, claim(time.Minute)); err != nil || rec.Status != 200 {
@@ -190,7 +119,7 @@ func TestWatchedClaimIsTheSameClaim(t *testing.T) {
 	k, c := storetest.NewKey(), claim(time.Minute)
 	s.Acquire(ctx, k, c)
 	for range 2 { // a second waiter marks it again
-		if !notify(t, s, k) {
+		if !storetest.Notify(t, s, k) {
 			t.Fatal("Notify found no claim in progress")
 		}
 	}
@@ -213,7 +142,7 @@ func TestWatchedClaimIsTheSameClaim(t *testing.T) {
 
 	dead := storetest.NewKey()
 	s.Acquire(ctx, dead, claim(time.Millisecond))
-	notify(t, s, dead)
+	storetest.Notify(t, s, dead)
 	time.Sleep(5 * time.Millisecond)
 	fresh := claim(time.Minute)
 	if rec, err := s.Acquire(ctx, dead, fresh); rec != nil || err != nil || !fresh.TookOver {
@@ -271,8 +200,8 @@ func TestNotifiesOnlyWhenSomeoneWaits(t *testing.T) {
 		s.Acquire(ctx, completed, a)
 		s.Acquire(ctx, released, b)
 		if wait {
-			notify(t, s, completed)
-			notify(t, s, released)
+			storetest.Notify(t, s, completed)
+			storetest.Notify(t, s, released)
 		}
 		if err := s.Complete(ctx, completed, a, &store.Record{Status: 200}, time.Minute); err != nil {
 			t.Fatal(err)
@@ -306,7 +235,7 @@ func TestWatchAndEndSerialize(t *testing.T) {
 	s := storetest.Provision(t, &Store{DSN: shared.DSN(), Table: newTable()})
 	conn := listen(t, s)
 	ctx := context.Background()
-	notify(t, s, storetest.NewKey()) // starts the listener
+	storetest.Notify(t, s, storetest.NewKey()) // starts the listener
 
 	// A completion that waits for an uncommitted mark notifies once the
 	// mark commits.
@@ -380,7 +309,7 @@ func TestListenerLossIsCountedAndRecovers(t *testing.T) {
 		t.Fatal(err)
 	}
 	losses := vec.WithLabelValues(waiter.name)
-	notify(t, waiter, storetest.NewKey()) // starts the listener
+	storetest.Notify(t, waiter, storetest.NewKey()) // starts the listener
 	before := testutil.ToFloat64(losses)
 
 	srv.Kill()
@@ -398,7 +327,7 @@ func TestListenerLossIsCountedAndRecovers(t *testing.T) {
 			return err == nil
 		})
 	}
-	testNotifyWakes(t, waiter, owner)
+	storetest.NotifyWakes(t, waiter, owner)
 	if got := testutil.ToFloat64(losses); got != before+1 {
 		t.Fatalf("%v losses counted for one kill", got-before)
 	}

@@ -178,7 +178,7 @@ func testEarlierRows(t *testing.T, s *Store) {
 	// A waiter marks an earlier claim as it marks any, and its completion
 	// notifies.
 	conn := listen(t, s)
-	if !notify(t, s, running) {
+	if !storetest.Notify(t, s, running) {
 		t.Fatal("Notify found the earlier claim not in progress")
 	}
 	if err := s.Complete(ctx, running, claimOf(), &store.Record{Status: 202, Header: header, Body: []byte("ok")}, time.Hour); err != nil {

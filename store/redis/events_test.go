@@ -29,83 +29,12 @@ func instances(t testing.TB, addrs []string, prefix string, localCache int64) (a
 	return a, b
 }
 
-// notify calls s.Notify until the subscription it starts is up, and
-// returns whether the claim was in progress.
-func notify(t testing.TB, s *Store, k store.Key) bool {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		inProgress, err := s.Notify(context.Background(), k)
-		switch {
-		case err == nil:
-			return inProgress
-		case !errors.Is(err, store.ErrNotListening) || time.Now().After(deadline):
-			t.Fatalf("Notify: %v", err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-// wantWoken fails unless ended closes within a few seconds: far more than
-// a message takes, far less than a waiter's fallback poll would.
-func wantWoken(t testing.TB, ended <-chan struct{}, what string) {
-	t.Helper()
-	select {
-	case <-ended:
-	case <-time.After(notifyTimeout):
-		t.Fatalf("%s did not wake the waiter", what)
-	}
-}
-
-const notifyTimeout = 5 * time.Second
-
-func wantNotWoken(t testing.TB, ended <-chan struct{}, what string) {
-	t.Helper()
-	select {
-	case <-ended:
-		t.Fatalf("%s woke the waiter", what)
-	case <-time.After(200 * time.Millisecond):
-	}
-}
-
 // A waiter on one instance is woken when the owner on another completes or
 // releases the claim, and by a purge.
 func TestNotifyWakesWaitersOfAnotherInstance(t *testing.T) {
 	srv := testredis.Start(t)
 	waiter, owner := instances(t, []string{srv.Addr()}, "test:"+t.Name(), 0)
-	testNotifyWakes(t, waiter, owner)
-}
-
-func testNotifyWakes(t *testing.T, waiter, owner *Store) {
-	ctx := context.Background()
-	for _, end := range []struct {
-		name string
-		f    func(k store.Key, c *store.Claim) error
-	}{
-		{"Complete", func(k store.Key, c *store.Claim) error {
-			return owner.Complete(ctx, k, c, &store.Record{Status: 201}, time.Minute)
-		}},
-		{"Release", func(k store.Key, c *store.Claim) error { return owner.Release(ctx, k, c.Token) }},
-		{"Delete", func(k store.Key, c *store.Claim) error { _, err := owner.Delete(ctx, k); return err }},
-	} {
-		k, c := storetest.NewKey(), claim()
-		if rec, err := owner.Acquire(ctx, k, c); rec != nil || err != nil {
-			t.Fatalf("Acquire = %v, %v", rec, err)
-		}
-		ended, stop := store.AwaitEnd(k)
-		if !notify(t, waiter, k) {
-			t.Fatalf("%s: Notify found no claim in progress", end.name)
-		}
-		if err := owner.Renew(ctx, k, c.Token, time.Minute); err != nil {
-			t.Fatal(err)
-		}
-		wantNotWoken(t, ended, "a renewal")
-		if err := end.f(k, c); err != nil {
-			t.Fatalf("%s: %v", end.name, err)
-		}
-		wantWoken(t, ended, end.name)
-		stop()
-	}
+	storetest.NotifyWakes(t, waiter, owner)
 }
 
 // Notify arranges nothing for a claim that has already ended, and says so.
@@ -114,14 +43,14 @@ func TestNotifyReportsAnEndedClaim(t *testing.T) {
 	s := open(t, srv)
 	ctx := context.Background()
 	k, c := storetest.NewKey(), claim()
-	if notify(t, s, k) {
+	if storetest.Notify(t, s, k) {
 		t.Fatal("Notify of an absent key reported a claim in progress")
 	}
 	s.Acquire(ctx, k, c)
 	if err := s.Complete(ctx, k, c, &store.Record{Status: 200}, time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	if notify(t, s, k) {
+	if storetest.Notify(t, s, k) {
 		t.Fatal("Notify of a completed key reported a claim in progress")
 	}
 	if flags(t, srv, s, k)&store.FlagWatched != 0 {
@@ -149,7 +78,7 @@ func TestWatchedFlagKeepsTheClaim(t *testing.T) {
 	c.Lease = 10 * time.Second
 	s.Acquire(ctx, k, c)
 	for range 2 { // a second waiter finds the flag set
-		if !notify(t, s, k) {
+		if !storetest.Notify(t, s, k) {
 			t.Fatal("Notify found no claim in progress")
 		}
 	}
@@ -184,7 +113,7 @@ func TestPublishesOnlyWhenSomeoneWaits(t *testing.T) {
 		k, c := storetest.NewKey(), claim()
 		s.Acquire(ctx, k, c)
 		if wait {
-			notify(t, s, k)
+			storetest.Notify(t, s, k)
 		}
 		return commands(t, srv, func() {
 			if err := s.Complete(ctx, k, c, &store.Record{Status: 200}, time.Minute); err != nil {
@@ -213,7 +142,7 @@ func TestSubscriptionLossIsCountedAndRecovers(t *testing.T) {
 		t.Fatal(err)
 	}
 	losses := vec.WithLabelValues(waiter.name)
-	notify(t, waiter, storetest.NewKey()) // starts the subscription
+	storetest.Notify(t, waiter, storetest.NewKey()) // starts the subscription
 	before := testutil.ToFloat64(losses)
 
 	srv.Kill()
@@ -222,7 +151,7 @@ func TestSubscriptionLossIsCountedAndRecovers(t *testing.T) {
 		t.Fatalf("Notify while the subscription is down = %v, want ErrNotListening", err)
 	}
 	srv.Restart(t)
-	testNotifyWakes(t, waiter, owner)
+	storetest.NotifyWakes(t, waiter, owner)
 	if got := testutil.ToFloat64(losses); got != before+1 {
 		t.Fatalf("%v losses counted for one kill", got-before)
 	}
@@ -248,7 +177,7 @@ func testClusterEvents(t *testing.T, cl *testredis.Cluster) {
 	}
 	node := cl.SlotOwner(t, testredis.KeySlot(waiter.channel))
 	before := nodeCalls(t, cl, node, "spublish")
-	testNotifyWakes(t, waiter, owner)
+	storetest.NotifyWakes(t, waiter, owner)
 	if got := nodeCalls(t, cl, node, "spublish") - before; got != 3 {
 		t.Fatalf("the master of the channel's slot ran SPUBLISH %d times for 3 announcements", got)
 	}
@@ -261,7 +190,7 @@ func testClusterEvents(t *testing.T, cl *testredis.Cluster) {
 // subscribers, and the subscription follows the slot to its new master.
 func testClusterEventsFollowTheirSlot(t *testing.T, cl *testredis.Cluster) {
 	waiter, owner := instances(t, cl.Addrs(), "moving", 0)
-	notify(t, waiter, storetest.NewKey())
+	storetest.Notify(t, waiter, storetest.NewKey())
 	vec, _ := store.SubscriptionLosses(nil)
 	losses := vec.WithLabelValues(waiter.name)
 	before := testutil.ToFloat64(losses)
@@ -273,7 +202,7 @@ func testClusterEventsFollowTheirSlot(t *testing.T, cl *testredis.Cluster) {
 	cl.MoveKeys(t, from, to, cl.SlotKeys(t, from, slot)...)
 	cl.FinishMigration(t, slot, from, to)
 	waitFor(t, "the server to unsubscribe the moved channel", func() bool { return testutil.ToFloat64(losses) > before })
-	testNotifyWakes(t, waiter, owner)
+	storetest.NotifyWakes(t, waiter, owner)
 	if got := nodeCalls(t, cl, to, "ssubscribe"); got == 0 {
 		t.Fatal("the slot's new master saw no SSUBSCRIBE")
 	}
@@ -285,7 +214,7 @@ func TestClusterWithoutShardedPubSub(t *testing.T) {
 	cl := testredis.StartClusterWith(t, testredis.ClusterOptions{Masters: 3,
 		Args: []string{"--rename-command", "SSUBSCRIBE", "", "--rename-command", "SPUBLISH", ""}})
 	waiter, owner := instances(t, cl.Addrs(), "plain", 0)
-	testNotifyWakes(t, waiter, owner)
+	storetest.NotifyWakes(t, waiter, owner)
 	if waiter.events.sharded.Load() || owner.events.sharded.Load() {
 		t.Fatal("a client still uses sharded Pub/Sub")
 	}
