@@ -183,20 +183,5 @@ func BenchmarkAcquireNewKey(b *testing.B) {
 }
 
 func BenchmarkReplay(b *testing.B) {
-	s := storetest.Provision(b, &Store{Path: b.TempDir()})
-	ctx := context.Background()
-	k, c := storetest.NewKey(), claim(time.Minute)
-	if _, err := s.Acquire(ctx, k, c); err != nil {
-		b.Fatal(err)
-	}
-	rec := &store.Record{Status: 201, Header: map[string][]string{"Content-Type": {"application/json"}}, Body: make([]byte, 4096)}
-	if err := s.Complete(ctx, k, c, rec, time.Hour); err != nil {
-		b.Fatal(err)
-	}
-	b.ReportAllocs()
-	for b.Loop() {
-		if got, err := s.Acquire(ctx, k, claim(time.Minute)); got == nil || err != nil {
-			b.Fatalf("Acquire = %+v, %v", got, err)
-		}
-	}
+	storetest.BenchmarkReplay(b, storetest.Provision(b, &Store{Path: b.TempDir()}), storetest.JSONRecord())
 }

@@ -112,22 +112,7 @@ func BenchmarkAcquireComplete(b *testing.B) {
 
 func BenchmarkReplay(b *testing.B) {
 	s := storetest.Provision(b, &Store{DSN: shared.DSN(), Table: newTable()})
-	ctx := context.Background()
-	k, c := storetest.NewKey(), claim(time.Minute)
-	if _, err := s.Acquire(ctx, k, c); err != nil {
-		b.Fatal(err)
-	}
-	body := make([]byte, 4096)
-	rec := &store.Record{Status: 201, Header: map[string][]string{"Content-Type": {"application/json"}}, Body: body}
-	if err := s.Complete(ctx, k, c, rec, time.Hour); err != nil {
-		b.Fatal(err)
-	}
-	b.ReportAllocs()
-	for b.Loop() {
-		if got, err := s.Acquire(ctx, k, claim(time.Minute)); got == nil || err != nil {
-			b.Fatalf("Acquire = %+v, %v", got, err)
-		}
-	}
+	storetest.BenchmarkReplay(b, s, storetest.JSONRecord())
 }
 
 // With a connection per goroutine, the losers' statements start before the

@@ -278,22 +278,8 @@ func TestTierSharedAcrossReloads(t *testing.T) {
 // tier.
 func BenchmarkReplayLocalCache(b *testing.B) {
 	s := openCached(b, shared.DSN(), 1<<20)
-	ctx := context.Background()
-	k, c := storetest.NewKey(), claim(time.Minute)
-	if _, err := s.Acquire(ctx, k, c); err != nil {
-		b.Fatal(err)
-	}
-	rec := &store.Record{Status: 201, Header: map[string][]string{"Content-Type": {"application/json"}}, Body: make([]byte, 4096)}
-	if err := s.Complete(ctx, k, c, rec, time.Hour); err != nil {
-		b.Fatal(err)
-	}
-	b.ReportAllocs()
-	for b.Loop() {
-		if got, err := s.Acquire(ctx, k, claim(time.Minute)); got == nil || err != nil {
-			b.Fatalf("Acquire = %+v, %v", got, err)
-		}
-	}
-	if statements(s, func() { s.Acquire(ctx, k, claim(time.Minute)) }) != 0 {
+	k := storetest.BenchmarkReplay(b, s, storetest.JSONRecord())
+	if statements(s, func() { s.Acquire(context.Background(), k, claim(time.Minute)) }) != 0 {
 		b.Fatal("the replays did not come from the tier")
 	}
 }

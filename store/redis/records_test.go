@@ -203,16 +203,5 @@ func BenchmarkReplayLocalCache(b *testing.B) {
 }
 
 func benchmarkReplay(b *testing.B, s *Store) {
-	ctx, k, c := context.Background(), storetest.NewKey(), claim()
-	s.Acquire(ctx, k, c)
-	body := []byte(strings.Repeat("x", 1024))
-	if err := s.Complete(ctx, k, c, &store.Record{Status: 200, Body: body}, time.Hour); err != nil {
-		b.Fatal(err)
-	}
-	b.ReportAllocs()
-	for b.Loop() {
-		if rec, err := s.Acquire(ctx, k, claim()); err != nil || rec == nil {
-			b.Fatal(rec, err)
-		}
-	}
+	storetest.BenchmarkReplay(b, s, &store.Record{Status: 200, Body: []byte(strings.Repeat("x", 1024))})
 }
