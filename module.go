@@ -185,25 +185,6 @@ type Handler struct {
 	leases   *leases
 }
 
-// Process-wide state: every handler of every config shares what follows,
-// and it outlives config reloads. A bound on background work must hold for
-// the process however many routes and reloads there are. So must the
-// waiters' wake-up, which lives in package store (store.AwaitEnd), where
-// the stores that hear of other instances can signal it too: a waiter must
-// hear of the end of a claim whichever handler holds it, an old config's
-// included. The metric collectors are process-wide too (they keep
-// counting across reloads; metrics.go), and so are the pools of buffers,
-// recorders and digests (recorder.go, fingerprint.go) and the owner
-// tokens' random prefix and counter (key.go), which keep tokens unique
-// across handlers and instances.
-var (
-	// background bounds the store calls retried after their request has
-	// ended (recovery.go), so that a long outage under load cannot pile up
-	// goroutines; past the bound, leases expire claims as they always
-	// would.
-	background = make(chan struct{}, 64)
-)
-
 // CaddyModule returns the Caddy module information.
 func (Handler) CaddyModule() caddy.ModuleInfo {
 	return caddy.ModuleInfo{

@@ -6,10 +6,28 @@ import (
 	"errors"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
+
+// background bounds the store calls retried after their request has ended,
+// for the whole process (every handler of every config), so that a long
+// outage under load cannot pile up goroutines; past the bound, leases
+// expire claims as they always would.
+var background = make(chan struct{}, 64)
+
+// detached is the context of the store calls made for a request once its
+// client may be gone (completion, release, their retries, renewals): none
+// of the request's cancellation or values, only its span, when it records,
+// so that those calls' spans join the request's trace.
+func detached(ctx context.Context) context.Context {
+	if span := trace.SpanFromContext(ctx); span.IsRecording() {
+		return trace.ContextWithSpan(context.Background(), span)
+	}
+	return context.Background()
+}
 
 // release gives a claim back, so that the retry runs the request anew. When
 // the store fails, the claim is withdrawn in the background, as a response

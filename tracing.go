@@ -76,17 +76,6 @@ func endWait(span trace.Span, result string) {
 	span.End()
 }
 
-// detached is the context of the store calls made for a request once its
-// client may be gone (completion, release, their retries, renewals): none
-// of the request's cancellation or values, only its span, when it records,
-// so that those calls' spans join the request's trace.
-func detached(ctx context.Context) context.Context {
-	if span := trace.SpanFromContext(ctx); span.IsRecording() {
-		return trace.ContextWithSpan(context.Background(), span)
-	}
-	return context.Background()
-}
-
 // traced makes a span of every store call made under a recording span.
 type traced struct {
 	store.Store
