@@ -44,26 +44,3 @@ func hostOnly(hostport string) string {
 	}
 	return hostport
 }
-
-// sameEndpoint reports whether a stored record's endpoint is the current
-// request's. Records written before the default binding dropped the port
-// spell their host with it ("POST api:8080/orders"); with the default
-// template they are read as if written today, so that a retry across the
-// upgrade is still a retry.
-func (h *Handler) sameEndpoint(stored, current string) bool {
-	if stored == current {
-		return true
-	}
-	if h.Endpoint != defaultEndpoint {
-		return false
-	}
-	method, rest, ok := strings.Cut(stored, " ")
-	if !ok {
-		return false
-	}
-	host, path := rest, ""
-	if i := strings.IndexByte(rest, '/'); i >= 0 {
-		host, path = rest[:i], rest[i:]
-	}
-	return defaultEndpointOf(method, host, path) == current
-}

@@ -1,18 +1,12 @@
 package idempotency
 
 import (
-	"bytes"
-	"context"
 	"encoding/json"
 	"net/http"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
-
-	"github.com/caddy-idempotency/caddy-idempotency/store"
-	"github.com/caddy-idempotency/caddy-idempotency/store/storetest"
 )
 
 func TestHostOnly(t *testing.T) {
@@ -133,31 +127,6 @@ func TestEndpointTemplate(t *testing.T) {
 				t.Fatalf("another API version: %s, %d runs", r.Body, b.runs.Load())
 			}
 		})
-	})
-}
-
-// A record written before the default binding dropped the port still
-// answers the retries of its key.
-func TestEndpointOfOlderRecordsWithPort(t *testing.T) {
-	eachStore(t, func(t *testing.T, raw json.RawMessage) {
-		h := provision(t, raw, nil)
-		b := &backend{}
-		key := store.NewKey("", "old")
-		c := &store.Claim{Token: storetest.NewToken(), Endpoint: "POST api.example.com:8080/orders",
-			Fingerprint: fingerprint("", bytes.NewBufferString("x")), Lease: time.Minute}
-		ctx := context.Background()
-		if rec, err := h.store.Acquire(ctx, key, c); rec != nil || err != nil {
-			t.Fatalf("Acquire: %v %v", rec, err)
-		}
-		if err := h.store.Complete(ctx, key, c, &store.Record{Status: 201, Body: []byte("old")}, time.Minute); err != nil {
-			t.Fatal(err)
-		}
-		r := do(h, b, withHost(post("/orders", "old", "x"), "api.example.com:8080"))
-		wantStatus(t, r, 201)
-		if r.Body.String() != "old" || b.runs.Load() != 0 {
-			t.Fatalf("retry of an older record: %q, %d runs", r.Body, b.runs.Load())
-		}
-		wantProblem(t, do(h, b, withHost(post("/other", "old", "x"), "api.example.com:8080")), 422, "Idempotency-Key is already used")
 	})
 }
 

@@ -76,22 +76,6 @@ type digest struct {
 
 var digests = sync.Pool{New: func() any { return &digest{Hash: sha256.New()} }}
 
-// fingerprint hashes what the request carries: its query and its body. The
-// query is length-prefixed so no query and body can pass for another pair.
-// It is the fingerprint of the body mode without fingerprint_headers, the
-// one every earlier version computed, so that a retry across an upgrade
-// still matches its record.
-func fingerprint(query string, body *bytes.Buffer) store.Fingerprint {
-	d := digests.Get().(*digest)
-	defer d.release()
-	d.Reset()
-	d.string(query)
-	if body != nil {
-		d.Write(body.Bytes())
-	}
-	return store.Fingerprint(d.Sum(d.sum[:0]))
-}
-
 // fingerprintMode is the fingerprint option, parsed once.
 type fingerprintMode uint8
 
@@ -132,11 +116,9 @@ func newPayload(mode string, ignore, headers []string) payload {
 	return p
 }
 
-// The fingerprint of the body mode without fingerprint_headers is
-// fingerprint's, as before the modes existed. Every other fingerprint
-// starts with a word that no query's length can be (a query is bounded by
-// the request line, far below 2^63), naming its layout, and goes on with
-// fields that are each a fixed-size tag or word, or length-prefixed:
+// A fingerprint starts with a word naming its layout, and goes on with
+// fields that are each a fixed-size tag or word, or length-prefixed, so
+// that no request's parts can pass for another's, across modes too:
 //
 //	body mode: layout word, headers, query, body
 //	json mode: layout word, headers, query (params as a set, or raw), body
@@ -166,9 +148,6 @@ const (
 // (nil when empty, or in none mode), as the fingerprint option says.
 func (h *Handler) fingerprintOf(r *http.Request, body *bytes.Buffer) store.Fingerprint {
 	p := &h.payload
-	if p.mode == modeBody && len(p.headers) == 0 {
-		return fingerprint(r.URL.RawQuery, body)
-	}
 	d := digests.Get().(*digest)
 	defer d.release()
 	d.Reset()

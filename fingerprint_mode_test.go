@@ -2,10 +2,7 @@ package idempotency
 
 import (
 	"bytes"
-	"crypto/sha256"
-	"encoding/binary"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -153,24 +150,6 @@ func TestFingerprintJSONDomainSeparated(t *testing.T) {
 	}
 	if fp("/p", "{}") == fp("/p", "") {
 		t.Error("an empty body has the fingerprint of {}")
-	}
-}
-
-// The default fingerprint is the one that earlier versions stored, so that
-// a retry across an upgrade replays: SHA-256 of the query's length (8
-// bytes, big-endian), the query and the body.
-func TestFingerprintBodyIsUnchanged(t *testing.T) {
-	h := provision(t, storeConfigs[0].raw(t), nil)
-	for _, c := range []struct{ query, body string }{{"x=1", `{"a":1}`}, {"", "x"}, {"", ""}} {
-		req := post("/p?"+c.query, "k", c.body)
-		want := sha256.Sum256(fmt.Appendf(binary.BigEndian.AppendUint64(nil, uint64(len(c.query))), "%s%s", c.query, c.body))
-		var body *bytes.Buffer
-		if c.body != "" {
-			body = bytes.NewBufferString(c.body)
-		}
-		if got := h.fingerprintOf(req, body); got != want {
-			t.Errorf("query %q body %q: the body mode's fingerprint changed", c.query, c.body)
-		}
 	}
 }
 

@@ -66,7 +66,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	case err != nil:
 		return h.acquireFailed(w, r, repl, next, key, claim.Token, err)
 	case rec != nil && rec.State == store.InProgress && h.MaxWait > 0 &&
-		h.sameEndpoint(rec.Endpoint, claim.Endpoint) && rec.Fingerprint == claim.Fingerprint:
+		rec.Endpoint == claim.Endpoint && rec.Fingerprint == claim.Fingerprint:
 		return h.wait(w, r, repl, next, key, claim)
 	case rec != nil:
 		return h.answerFromRecord(w, r, repl, rec, claim)
@@ -110,7 +110,7 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, repl *caddy.Rep
 // answerFromRecord answers a request whose key already has a live record.
 func (h *Handler) answerFromRecord(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, rec *store.Record, c *store.Claim) error {
 	switch {
-	case !h.sameEndpoint(rec.Endpoint, c.Endpoint):
+	case rec.Endpoint != c.Endpoint:
 		return h.refuse(w, r, repl, resultMismatch, h.problems.otherEndpoint)
 	case rec.Fingerprint != c.Fingerprint:
 		return h.refuse(w, r, repl, resultMismatch, h.problems.otherPayload)

@@ -101,7 +101,7 @@ func TestDeadOwnersClaimIsTakenOver(t *testing.T) {
 		// renews or completes it.
 		req := post("/orders", "k", "x")
 		key := store.NewKey("", "k")
-		dead := &store.Claim{Token: storetest.NewToken(), Endpoint: defaultEndpointOf(req.Method, req.Host, req.URL.Path), Fingerprint: fingerprint("", bytes.NewBufferString("x")), Lease: time.Second}
+		dead := &store.Claim{Token: storetest.NewToken(), Endpoint: defaultEndpointOf(req.Method, req.Host, req.URL.Path), Fingerprint: h.fingerprintOf(req, bytes.NewBufferString("x")), Lease: time.Second}
 		if rec, err := h.store.Acquire(context.Background(), key, dead); rec != nil || err != nil {
 			t.Fatalf("dead owner's claim: %v %v", rec, err)
 		}

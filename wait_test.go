@@ -88,7 +88,7 @@ func TestWaitNoticesAnOwnerElsewhere(t *testing.T) {
 		b := &backend{}
 		req := post("/orders", "remote", "x")
 		key := store.NewKey("", "remote")
-		remote := &store.Claim{Token: storetest.NewToken(), Endpoint: defaultEndpointOf(req.Method, req.Host, req.URL.Path), Fingerprint: fingerprint("", bytes.NewBufferString("x")), Lease: time.Minute}
+		remote := &store.Claim{Token: storetest.NewToken(), Endpoint: defaultEndpointOf(req.Method, req.Host, req.URL.Path), Fingerprint: h.fingerprintOf(req, bytes.NewBufferString("x")), Lease: time.Minute}
 		if rec, err := h.store.Acquire(context.Background(), key, remote); rec != nil || err != nil {
 			t.Fatalf("remote claim: %v %v", rec, err)
 		}
