@@ -80,22 +80,15 @@ type Handler struct {
 	// method, the host without its port, in lower case, and the path).
 	Endpoint string `json:"endpoint,omitempty"`
 
-	// Fingerprint says which parts of a request make its payload, which a
-	// key is bound to besides its endpoint: a retry with the same payload
-	// is replayed, another payload gets 422. "body": the exact query string
-	// and body bytes. "json": the body's canonical JSON form, in which
-	// member order, insignificant whitespace and other spellings of one
-	// string or number (an escape, 1.0 for 1, 1e2 for 100) do not count but
-	// array order does, and the query parameters as a sorted set
-	// (percent-escapes and + decoded; the values of a repeated parameter
-	// keep their order, since many frameworks read them as an ordered
-	// list); a body that is not valid JSON counts as its bytes and is never
-	// refused. "none": the key and the endpoint only, for clients that
-	// cannot resend the same body; a retry with another body or query is
-	// replayed, not refused, and the body is not read at all, so
-	// max_request_body does not apply. Changing the mode changes every
-	// fingerprint: for at most ttl after the change, the retry of a request
-	// made before it may get 422. Default: body.
+	// Fingerprint says which parts of a request make the payload a key is
+	// bound to: a retry with the same payload is replayed, another gets
+	// 422. "body": the exact query and body bytes. "json": the body's
+	// canonical JSON (member order, whitespace and spellings of one value
+	// do not count; array order does) and the query as a sorted set; a body
+	// that is not JSON counts as its bytes. "none": the key and endpoint
+	// only; the body is not read, so max_request_body does not apply.
+	// Changing the mode changes every fingerprint, so for one ttl after
+	// the change a retry may get 422. Default: body.
 	Fingerprint string `json:"fingerprint,omitempty"`
 
 	// FingerprintIgnore lists the values left out of the json fingerprint,
