@@ -32,10 +32,10 @@ func init() {
 // binding; the routes that set no store of their own share the app's store
 // instance, and so one connection pool.
 type App struct {
-	// Handler holds the defaults, with the directive's option names. A
+	// Options are the defaults, with the directive's option names. A
 	// route's own value wins; flags (required, disable_metrics,
 	// store_server_errors) can only be turned on by either.
-	Handler
+	Options
 
 	shared     store.Store
 	sharedName string // the store's name, for metrics labels
@@ -64,7 +64,7 @@ func (a *App) Provision(ctx caddy.Context) error {
 
 // Validate checks the defaults as a handler would see them.
 func (a *App) Validate() error {
-	h := a.Handler
+	h := Handler{Options: a.Options}
 	h.Methods = append([]string(nil), a.Methods...)
 	h.setDefaults()
 	if err := h.Validate(); err != nil {
@@ -78,6 +78,15 @@ func (*App) Start() error { return nil }
 
 // Stop implements caddy.App.
 func (*App) Stop() error { return nil }
+
+// UnmarshalCaddyfile reads the global option's block, which holds the
+// directive's options.
+func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	var h Handler
+	err := h.UnmarshalCaddyfile(d)
+	a.Options = h.Options
+	return err
+}
 
 func parseGlobalOption(d *caddyfile.Dispenser, _ any) (any, error) {
 	var app App
@@ -112,7 +121,7 @@ func (h *Handler) inherit(ctx caddy.Context) (shared store.Store, name string, e
 		return nil, "", err
 	}
 	app := val.(*App)
-	d := &app.Handler
+	d := &app.Options
 	pick := func(own *string, def string) {
 		if *own == "" {
 			*own = def
@@ -165,4 +174,6 @@ var (
 	_ caddy.App         = (*App)(nil)
 	_ caddy.Provisioner = (*App)(nil)
 	_ caddy.Validator   = (*App)(nil)
+
+	_ caddyfile.Unmarshaler = (*App)(nil)
 )

@@ -170,7 +170,7 @@ func TestRoutesInheritOutcomeOptions(t *testing.T) {
 		storeFiveX bool
 	}{
 		{Handler{}, unknownKeep, true},
-		{Handler{OnUnknownOutcome: unknownRelease}, unknownRelease, true},
+		{Handler{Options: Options{OnUnknownOutcome: unknownRelease}}, unknownRelease, true},
 	} {
 		ctx, cancel := caddy.NewContext(base)
 		h := tc.own

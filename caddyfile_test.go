@@ -239,17 +239,17 @@ func TestValidateRefusesBadJSONConfig(t *testing.T) {
 		h    Handler
 		want string
 	}{
-		{Handler{KeyHeader: "bad header"}, "key_header"},
-		{Handler{ReplayHeader: "x:y"}, "replay_header"},
-		{Handler{Methods: []string{"PO ST"}}, "methods"},
-		{Handler{TTL: -1}, "ttl"},
-		{Handler{LockTimeout: 1000}, "lock_timeout"},
-		{Handler{MaxRequestBody: -1}, "max_request_body"},
-		{Handler{MaxResponseBody: -1}, "max_response_body"},
-		{Handler{OnStoreError: "retry"}, "on_store_error"},
-		{Handler{OnConflict: "queue"}, "on_conflict"},
-		{Handler{OnConflict: "wait"}, "max_wait"},
-		{Handler{OnUnknownOutcome: "forget"}, "on_unknown_outcome"},
+		{Handler{Options: Options{KeyHeader: "bad header"}}, "key_header"},
+		{Handler{Options: Options{ReplayHeader: "x:y"}}, "replay_header"},
+		{Handler{Options: Options{Methods: []string{"PO ST"}}}, "methods"},
+		{Handler{Options: Options{TTL: -1}}, "ttl"},
+		{Handler{Options: Options{LockTimeout: 1000}}, "lock_timeout"},
+		{Handler{Options: Options{MaxRequestBody: -1}}, "max_request_body"},
+		{Handler{Options: Options{MaxResponseBody: -1}}, "max_response_body"},
+		{Handler{Options: Options{OnStoreError: "retry"}}, "on_store_error"},
+		{Handler{Options: Options{OnConflict: "queue"}}, "on_conflict"},
+		{Handler{Options: Options{OnConflict: "wait"}}, "max_wait"},
+		{Handler{Options: Options{OnUnknownOutcome: "forget"}}, "on_unknown_outcome"},
 	} {
 		h := tc.h
 		h.StoreRaw = storeConfigs[0].raw(t)

@@ -46,13 +46,14 @@ type refModule struct {
 
 var refModules = []refModule{
 	{
-		title:  "Handler",
-		anchor: "handler",
-		id:     "http.handlers.idempotency",
-		file:   "module.go",
-		typ:    "Handler",
-		value:  Handler{},
-		where:  "an object in a route's `handle` array, with `\"handler\": \"idempotency\"`. The Caddyfile's `idempotency` directive adapts to it.",
+		title:   "Handler",
+		anchor:  "handler",
+		id:      "http.handlers.idempotency",
+		file:    "module.go",
+		typ:     "Handler",
+		value:   Handler{},
+		flatten: true,
+		where:   "an object in a route's `handle` array, with `\"handler\": \"idempotency\"`. The Caddyfile's `idempotency` directive adapts to it.",
 	},
 	{
 		title:  "App",
@@ -156,7 +157,7 @@ func TestJSONReference(t *testing.T) {
 func TestJSONReferenceDefaults(t *testing.T) {
 	var h Handler
 	h.setDefaults()
-	checkDefaults(t, "module.go", "Handler", &h)
+	checkDefaults(t, "module.go", "Options", &h.Options)
 
 	m := memory.Memory{}
 	if err := m.Provision(caddy.Context{}); err != nil {
@@ -241,6 +242,11 @@ default; **—** means none: the field is empty.
 		if err != nil {
 			return nil, err
 		}
+		if m.flatten {
+			if st, err = flattenEmbeds(st); err != nil {
+				return nil, err
+			}
+		}
 		if err := crossCheck(m, st); err != nil {
 			return nil, err
 		}
@@ -255,7 +261,7 @@ default; **—** means none: the field is empty.
 		b.WriteString(st.doc) // ends with a blank line
 		for _, e := range st.embeds {
 			fmt.Fprintf(&b, "Embedded `%s`: %s\n\n", e.typ, e.doc)
-			if e.typ == "Handler" {
+			if e.typ == "Options" {
 				b.WriteString("Its fields are every field of the [handler](#handler), at the top level of the app's object, with the same types and defaults.\n\n")
 			} else {
 				fmt.Fprintf(&b, "Its fields are those of `%s`, at the top level of this object.\n\n", e.typ)
@@ -533,6 +539,24 @@ func commentText(texts []comment.Text) string {
 	return oneParagraph(b.String())
 }
 
+// flattenEmbeds lists the fields of st's embedded Options as st's own,
+// where they are: the handler's options are the handler's JSON fields.
+func flattenEmbeds(st *refStruct) (*refStruct, error) {
+	flat := &refStruct{doc: st.doc}
+	for _, e := range st.embeds {
+		if e.typ != "Options" {
+			return nil, fmt.Errorf("flattening embedded %s is not supported by the generator", e.typ)
+		}
+		os, err := parseConfigStruct("module.go", "Options")
+		if err != nil {
+			return nil, err
+		}
+		flat.fields = append(flat.fields, os.fields...)
+	}
+	flat.fields = append(flat.fields, st.fields...)
+	return flat, nil
+}
+
 // crossCheck compares the parsed JSON fields with what encoding/json sees
 // in the compiled struct, and the module ID with Caddy's registry, so that
 // the generator cannot read the wrong file or type.
@@ -546,8 +570,8 @@ func crossCheck(m refModule, st *refStruct) error {
 	}
 	var parsed []string
 	for _, e := range st.embeds {
-		if e.typ == "Handler" {
-			hs, err := parseConfigStruct("module.go", "Handler")
+		if e.typ == "Options" {
+			hs, err := parseConfigStruct("module.go", "Options")
 			if err != nil {
 				return err
 			}

@@ -61,7 +61,7 @@ var fingerprintBenchModes = []struct {
 }
 
 func fingerprintBenchHandler(b *testing.B, tweak func(*Handler)) *Handler {
-	h := &Handler{StoreRaw: json.RawMessage(`{"module":"memory"}`)}
+	h := &Handler{Options: Options{StoreRaw: json.RawMessage(`{"module":"memory"}`)}}
 	if tweak != nil {
 		tweak(h)
 	}

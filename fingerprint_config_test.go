@@ -89,12 +89,12 @@ func TestFingerprintValidate(t *testing.T) {
 		h    Handler
 		want string
 	}{
-		{Handler{Fingerprint: "xml"}, `fingerprint: want body, json or none, got "xml"`},
-		{Handler{FingerprintIgnore: []string{"/sent_at"}}, "fingerprint_ignore applies only with fingerprint json, not body"},
-		{Handler{Fingerprint: "none", FingerprintIgnore: []string{"/sent_at"}}, "fingerprint_ignore applies only with fingerprint json, not none"},
-		{Handler{Fingerprint: "json", FingerprintIgnore: []string{"/ok", "sent_at"}}, "fingerprint_ignore: 'sent_at' is not a JSON pointer (RFC 6901): must start with /"},
-		{Handler{FingerprintHeaders: []string{"X-Ok", "X Bad"}}, `fingerprint_headers: invalid header name "X Bad"`},
-		{Handler{FingerprintHeaders: []string{""}}, `fingerprint_headers: invalid header name ""`},
+		{Handler{Options: Options{Fingerprint: "xml"}}, `fingerprint: want body, json or none, got "xml"`},
+		{Handler{Options: Options{FingerprintIgnore: []string{"/sent_at"}}}, "fingerprint_ignore applies only with fingerprint json, not body"},
+		{Handler{Options: Options{Fingerprint: "none", FingerprintIgnore: []string{"/sent_at"}}}, "fingerprint_ignore applies only with fingerprint json, not none"},
+		{Handler{Options: Options{Fingerprint: "json", FingerprintIgnore: []string{"/ok", "sent_at"}}}, "fingerprint_ignore: 'sent_at' is not a JSON pointer (RFC 6901): must start with /"},
+		{Handler{Options: Options{FingerprintHeaders: []string{"X-Ok", "X Bad"}}}, `fingerprint_headers: invalid header name "X Bad"`},
+		{Handler{Options: Options{FingerprintHeaders: []string{""}}}, `fingerprint_headers: invalid header name ""`},
 	} {
 		h := tc.h
 		h.StoreRaw = storeConfigs[0].raw(t)
@@ -107,7 +107,7 @@ func TestFingerprintValidate(t *testing.T) {
 		}
 		cancel()
 		// The app's defaults are checked the same way, unprovisioned.
-		app := App{Handler: tc.h}
+		app := App{Options: tc.h.Options}
 		if err := app.Validate(); err == nil || err.Error() != "idempotency defaults: "+tc.want {
 			t.Errorf("app %+v: Validate = %v, want %q", tc.h, err, tc.want)
 		}

@@ -45,7 +45,7 @@ func benchStores(b *testing.B) map[string]json.RawMessage {
 }
 
 func benchHandler(b *testing.B, raw json.RawMessage) *Handler {
-	h := &Handler{StoreRaw: raw}
+	h := &Handler{Options: Options{StoreRaw: raw}}
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 	b.Cleanup(cancel)
 	if err := h.Provision(ctx); err != nil {

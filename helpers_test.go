@@ -92,7 +92,7 @@ func eachStore(t *testing.T, f func(t *testing.T, raw json.RawMessage)) {
 // provision makes a ready handler; tweak adjusts the config first.
 func provision(t *testing.T, raw json.RawMessage, tweak func(*Handler)) *Handler {
 	t.Helper()
-	h := &Handler{StoreRaw: raw}
+	h := &Handler{Options: Options{StoreRaw: raw}}
 	if tweak != nil {
 		tweak(h)
 	}

@@ -49,9 +49,9 @@ const (
 
 var defaultMethods = []string{http.MethodPost, http.MethodPatch}
 
-// Handler implements the Idempotency-Key protocol in front of the handlers
-// that follow it in the route (typically reverse_proxy).
-type Handler struct {
+// Options configure a handler: they are the idempotency directive's
+// options, and the idempotency app holds them as every handler's defaults.
+type Options struct {
 	// KeyHeader is the request header that carries the key.
 	// Default: Idempotency-Key.
 	KeyHeader string `json:"key_header,omitempty"`
@@ -167,6 +167,14 @@ type Handler struct {
 	// StoreRaw is the store backend, a module in the
 	// http.idempotency.stores namespace. Default: memory.
 	StoreRaw json.RawMessage `json:"store,omitempty" caddy:"namespace=http.idempotency.stores inline_key=module"`
+}
+
+// Handler implements the Idempotency-Key protocol in front of the handlers
+// that follow it in the route (typically reverse_proxy).
+type Handler struct {
+	// Options are the directive's options, at the top level of the
+	// handler's JSON object.
+	Options
 
 	store    store.Store
 	notifier store.Notifier // the store, if it wakes waiters across instances

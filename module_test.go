@@ -48,8 +48,8 @@ func TestStoreModuleMustBeAStore(t *testing.T) {
 		mod  caddy.Provisioner
 		want string
 	}{
-		{"handler", &Handler{StoreRaw: raw}, "module *idempotency.notAStore is not an idempotency store"},
-		{"app", &App{Handler: Handler{StoreRaw: raw}}, "module *idempotency.notAStore is not an idempotency store"},
+		{"handler", &Handler{Options: Options{StoreRaw: raw}}, "module *idempotency.notAStore is not an idempotency store"},
+		{"app", &App{Options: Options{StoreRaw: raw}}, "module *idempotency.notAStore is not an idempotency store"},
 	} {
 		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 		if err := tc.mod.Provision(ctx); err == nil || err.Error() != tc.want {
