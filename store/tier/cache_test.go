@@ -76,6 +76,9 @@ func TestCacheIsBoundedByBytesAndEvictsTheOldest(t *testing.T) {
 		if c.t.Bytes() > max {
 			t.Fatalf("cache holds %d bytes, over its bound of %d", c.t.Bytes(), max)
 		}
+		if err := c.t.Check(); err != nil {
+			t.Fatal(err)
+		}
 	}
 	kept := 0
 	for i, k := range keys {
@@ -106,6 +109,9 @@ func TestCachePutAgainReplaces(t *testing.T) {
 	c.Put(k, completedBlob(100, later), c.Version())
 	if c.t.Len() != 1 || c.t.Bytes() != table.Size(completedBlob(100, later)) {
 		t.Fatalf("two puts of one key hold %d entries, %d bytes", c.t.Len(), c.t.Bytes())
+	}
+	if err := c.t.Check(); err != nil {
+		t.Fatal(err)
 	}
 }
 
