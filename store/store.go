@@ -7,11 +7,14 @@
 // config, Provision, Validate, Cleanup), caddyfile.go its Caddyfile
 // syntax, records.go the Store methods, inspect.go the Inspector methods
 // and its default name, and each piece of machinery of its own has a file
-// named for it (the memory table, the file store's database, the SQL of
-// PostgreSQL, the Redis key names). Here, store.go is the contract,
-// codec.go the record encoding that the memory, file and Redis stores
-// share, inspect.go the Inspector, and registry.go the registry through
-// which the admin API reaches provisioned stores.
+// named for it (the file store's database, the SQL of PostgreSQL, the
+// Redis key names). What several backends share lives beside them:
+// internal/table, the bounded table of encoded records that the memory
+// store and the local tier are built on, and tier, the local tier of the
+// Redis and PostgreSQL stores. Here, store.go is the contract, codec.go
+// the record encoding that the memory, file and Redis stores share,
+// inspect.go the Inspector, and registry.go the registry through which the
+// admin API reaches provisioned stores.
 package store
 
 import (

@@ -14,7 +14,7 @@ import (
 // have in common lives here: how a silent one is checked, the backoff
 // between attempts to establish one again, and the counting of losses
 // against the stores a subscription serves. The local tiers that a
-// subscription keeps coherent are memory.Tiers.
+// subscription keeps coherent are tier.Tiers.
 const (
 	// PingAfter is how long a silent subscription goes before it is
 	// pinged; unanswered for as long again, it counts as lost. A

@@ -34,14 +34,14 @@ func exactSize(n int64) string {
 // Lookup returns key's live record, decoded, and its expiry.
 func (m *Memory) Lookup(_ context.Context, key store.Key) (*store.Record, time.Time, error) {
 	t := m.tab
-	t.mu.Lock()
-	e := t.live(key, now().UnixNano())
+	t.Lock()
+	e := t.Live(key, now().UnixNano())
 	if e == nil {
-		t.mu.Unlock()
+		t.Unlock()
 		return nil, time.Time{}, nil
 	}
-	blob, expires := e.blob, e.expires
-	t.mu.Unlock()
+	blob, expires := e.Blob, e.Expires
+	t.Unlock()
 	rec, err := store.DecodeRecord(blob)
 	if err != nil {
 		return nil, time.Time{}, err
@@ -52,13 +52,13 @@ func (m *Memory) Lookup(_ context.Context, key store.Key) (*store.Record, time.T
 // Delete removes key's record, whoever owns it.
 func (m *Memory) Delete(_ context.Context, key store.Key) (bool, error) {
 	t := m.tab
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	e := t.live(key, now().UnixNano())
+	t.Lock()
+	defer t.Unlock()
+	e := t.Live(key, now().UnixNano())
 	if e == nil {
 		return false, nil
 	}
-	t.remove(e)
+	t.Remove(e)
 	return true, nil
 }
 
@@ -70,7 +70,7 @@ func (m *Memory) InFlight(_ context.Context, olderThan time.Duration, limit int)
 		return nil, nil
 	}
 	n := now()
-	out, err := m.tab.claims(n, n.Add(-olderThan))
+	out, err := m.claims(n, n.Add(-olderThan))
 	if err != nil {
 		return nil, err
 	}
@@ -79,21 +79,22 @@ func (m *Memory) InFlight(_ context.Context, olderThan time.Duration, limit int)
 
 // claims lists the live claims made by cutoff. Only claims are decoded, to
 // learn their age: the state byte tells the rest apart.
-func (t *table) claims(n, cutoff time.Time) ([]store.Entry, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
+func (m *Memory) claims(n, cutoff time.Time) ([]store.Entry, error) {
+	t := m.tab
+	t.Lock()
+	defer t.Unlock()
 	nano := n.UnixNano()
 	var out []store.Entry
-	for k, e := range t.entries {
-		if e.blob.State() != store.InProgress || nano >= e.expires {
+	for e := range t.All() {
+		if e.Blob.State() != store.InProgress || nano >= e.Expires {
 			continue
 		}
-		rec, err := store.DecodeRecord(e.blob)
+		rec, err := store.DecodeRecord(e.Blob)
 		if err != nil {
 			return nil, err
 		}
 		if !rec.CreatedAt.After(cutoff) {
-			out = append(out, store.Entry{Key: k, Summary: store.Summarize(rec), ExpiresAt: time.Unix(0, e.expires)})
+			out = append(out, store.Entry{Key: e.Key, Summary: store.Summarize(rec), ExpiresAt: time.Unix(0, e.Expires)})
 		}
 	}
 	return out, nil

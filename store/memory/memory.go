@@ -1,17 +1,18 @@
 // Package memory is the embedded idempotency store: a bounded map inside the
 // Caddy process. It needs nothing to run, but it is not shared between
-// instances and forgets every key when the process exits. Its table also
-// serves as Cache, the in-process copy of completed records that a shared
-// store keeps (the Redis store's local_cache).
+// instances and forgets every key when the process exits. Its table
+// (package table) is also what the shared stores' local tier is built on.
 package memory
 
 import (
 	"cmp"
 	"fmt"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/caddy-idempotency/caddy-idempotency/store"
+	"github.com/caddy-idempotency/caddy-idempotency/store/internal/table"
 )
 
 func init() {
@@ -22,6 +23,9 @@ const (
 	defaultMaxEntries = 100_000
 	defaultMaxBytes   = 256 << 20
 )
+
+// now is replaceable in tests.
+var now = time.Now
 
 // tables keeps the maps alive across config reloads: a reload must not
 // forget the keys of requests that are running or just completed.
@@ -45,7 +49,7 @@ type Memory struct {
 	// Default: 268435456 (256 MiB).
 	MaxBytes int64 `json:"max_bytes,omitempty"`
 
-	tab     *table
+	tab     *table.Table
 	poolKey string // cleared by Cleanup
 	name    string // in the store registry
 }
@@ -69,13 +73,13 @@ func (m *Memory) Provision(ctx caddy.Context) error {
 	}
 	m.poolKey = fmt.Sprintf("memory/%d/%d", m.MaxEntries, m.MaxBytes)
 	val, _, err := tables.LoadOrNew(m.poolKey, func() (caddy.Destructor, error) {
-		return newTable(m.MaxEntries, m.MaxBytes), nil
+		return table.New(m.MaxEntries, m.MaxBytes), nil
 	})
 	if err != nil {
 		m.poolKey = ""
 		return err
 	}
-	m.tab = val.(*table)
+	m.tab = val.(*table.Table)
 	records := defaultName(m.MaxEntries, m.MaxBytes)
 	m.name = cmp.Or(m.Name, records)
 	// On error, Caddy's call of Cleanup gives the table back.

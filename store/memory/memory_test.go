@@ -2,6 +2,9 @@ package memory
 
 import (
 	"context"
+	"errors"
+	"net/http"
+	"strconv"
 	"testing"
 	"time"
 
@@ -33,4 +36,133 @@ func acquire(t *testing.T, m *Memory, endpoint string) (store.Key, *store.Claim)
 		t.Fatalf("Acquire = %v, %v", rec, err)
 	}
 	return k, c
+}
+
+// After many completions of different sizes, with claims among them, the
+// eviction list holds exactly the completed records in completion order,
+// the byte count is the sum of what the entries account for, and no claim
+// was evicted.
+func TestEvictionOrderAndAccounting(t *testing.T) {
+	m := storetest.Provision(t, &Memory{MaxEntries: 50, MaxBytes: 40_000})
+	ctx := context.Background()
+	var completed []store.Key // in completion order
+	var claims []store.Key
+	for i := range 400 {
+		k, c := acquire(t, m, "POST /orders/"+strconv.Itoa(i))
+		if i%40 == 0 {
+			claims = append(claims, k) // left in flight
+			continue
+		}
+		rec := &store.Record{Status: 201, Body: make([]byte, i%7*100), Header: http.Header{"X-N": {strconv.Itoa(i)}}}
+		if err := m.Complete(ctx, k, c, rec, time.Hour); err != nil {
+			t.Fatalf("Complete %d: %v", i, err)
+		}
+		completed = append(completed, k)
+	}
+
+	tab := m.tab
+	if err := tab.Check(); err != nil {
+		t.Fatal(err)
+	}
+	inProgress := 0
+	for e := range tab.All() {
+		if cap(e.Blob) != len(e.Blob) {
+			t.Fatalf("blob of %d bytes has capacity %d", len(e.Blob), cap(e.Blob))
+		}
+		if e.Blob.State() == store.InProgress {
+			inProgress++
+		}
+	}
+	if tab.Len() > 50 || tab.Bytes() > 40_000 {
+		t.Fatalf("%d entries of %d bytes, over the bounds", tab.Len(), tab.Bytes())
+	}
+	for _, k := range claims {
+		if e := tab.Lookup(k); e == nil || e.Blob.State() != store.InProgress {
+			t.Fatal("a claim in flight was evicted")
+		}
+	}
+
+	// The list is the newest completions in order.
+	var listed []store.Key
+	for e := range tab.Evictable() {
+		listed = append(listed, e.Key)
+	}
+	if len(listed)+inProgress != tab.Len() {
+		t.Fatalf("%d records listed and %d claims, but %d entries", len(listed), inProgress, tab.Len())
+	}
+	want := completed[len(completed)-len(listed):]
+	for i := range listed {
+		if listed[i] != want[i] {
+			t.Fatalf("eviction list position %d holds the wrong record: not oldest first", i)
+		}
+	}
+}
+
+func TestBoundedEntriesEvictsOldestCompleted(t *testing.T) {
+	m := storetest.Provision(t, &Memory{MaxEntries: 3, MaxBytes: 1 << 30})
+	ctx := context.Background()
+	keys := make([]store.Key, 4)
+	for i := range keys {
+		keys[i] = storetest.NewKey()
+		c := &store.Claim{Token: storetest.NewToken(), Lease: time.Minute}
+		if _, err := m.Acquire(ctx, keys[i], c); err != nil {
+			t.Fatalf("Acquire %d: %v", i, err)
+		}
+		if err := m.Complete(ctx, keys[i], c, &store.Record{Status: 200}, time.Hour); err != nil {
+			t.Fatalf("Complete %d: %v", i, err)
+		}
+	}
+	if n := m.tab.Len(); n != 3 {
+		t.Fatalf("%d entries kept, want the bound of 3", n)
+	}
+	if m.tab.Lookup(keys[0]) != nil {
+		t.Fatal("the oldest completed record was not the one evicted")
+	}
+}
+
+func TestFullOfClaimsFailsInsteadOfEvicting(t *testing.T) {
+	m := storetest.Provision(t, &Memory{MaxEntries: 2, MaxBytes: 1 << 30})
+	ctx := context.Background()
+	for range 2 {
+		if _, err := m.Acquire(ctx, storetest.NewKey(), &store.Claim{Lease: time.Minute}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err := m.Acquire(ctx, storetest.NewKey(), &store.Claim{Lease: time.Minute})
+	if !errors.Is(err, store.ErrUnavailable) {
+		t.Fatalf("Acquire on a table full of claims = %v, want ErrUnavailable", err)
+	}
+}
+
+func TestBoundedBytes(t *testing.T) {
+	m := storetest.Provision(t, &Memory{MaxEntries: 1000, MaxBytes: 10_000})
+	ctx := context.Background()
+	for range 20 {
+		k, c := storetest.NewKey(), &store.Claim{Token: storetest.NewToken(), Lease: time.Minute}
+		if _, err := m.Acquire(ctx, k, c); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Complete(ctx, k, c, &store.Record{Status: 200, Body: make([]byte, 2000)}, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		if m.tab.Bytes() > 10_000 {
+			t.Fatalf("table holds %d bytes, over its bound of 10000", m.tab.Bytes())
+		}
+	}
+}
+
+func TestSweepDropsExpired(t *testing.T) {
+	m := storetest.Provision(t, &Memory{MaxEntries: 50})
+	ctx := context.Background()
+	k, c := storetest.NewKey(), &store.Claim{Token: storetest.NewToken(), Lease: time.Minute}
+	m.Acquire(ctx, k, c)
+	m.Complete(ctx, k, c, &store.Record{Status: 200, Body: []byte("x")}, time.Millisecond)
+	time.Sleep(5 * time.Millisecond)
+	m.tab.Lock()
+	e := m.tab.Live(k, now().UnixNano())
+	n, b := m.tab.Len(), m.tab.Bytes()
+	m.tab.Unlock()
+	if e != nil || n != 0 || b != 0 {
+		t.Fatalf("expired record still counted: entry %v, %d entries, %d bytes", e, n, b)
+	}
 }

@@ -5,12 +5,13 @@ import (
 	"time"
 
 	"github.com/caddy-idempotency/caddy-idempotency/store"
+	"github.com/caddy-idempotency/caddy-idempotency/store/internal/table"
 )
 
 // Acquire claims k for c unless it has a live record, which it returns
 // decoded once the table's lock is released.
 func (m *Memory) Acquire(_ context.Context, k store.Key, c *store.Claim) (*store.Record, error) {
-	found, err := m.tab.claim(k, c)
+	found, err := m.claim(k, c)
 	if found == nil || err != nil {
 		return nil, err
 	}
@@ -19,24 +20,25 @@ func (m *Memory) Acquire(_ context.Context, k store.Key, c *store.Claim) (*store
 
 // claim records c's claim unless k has a live record, whose blob it returns
 // for the caller to decode once the lock is released.
-func (t *table) claim(k store.Key, c *store.Claim) ([]byte, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
+func (m *Memory) claim(k store.Key, c *store.Claim) ([]byte, error) {
+	t := m.tab
+	t.Lock()
+	defer t.Unlock()
 	n := now()
 	nano := n.UnixNano()
 	c.TookOver = false
 	// An expired claim still here (the sweeper has not dropped it yet) is a
 	// dead owner's: claiming the key now takes it over.
-	old := t.entries[k]
-	dead := old != nil && nano >= old.expires && old.blob.State() == store.InProgress
-	if e := t.live(k, nano); e != nil {
-		return e.blob, nil
+	old := t.Lookup(k)
+	dead := old != nil && nano >= old.Expires && old.Blob.State() == store.InProgress
+	if e := t.Live(k, nano); e != nil {
+		return e.Blob, nil
 	}
 	blob := store.AppendClaim(nil, c, n)
-	if err := t.makeRoom(int64(len(blob) + entryOverhead)); err != nil {
+	if err := t.MakeRoom(table.Size(blob)); err != nil {
 		return nil, err
 	}
-	t.insert(&entry{key: k, blob: blob, expires: n.Add(c.Lease).UnixNano()})
+	t.Insert(&table.Entry{Key: k, Blob: blob, Expires: n.Add(c.Lease).UnixNano()})
 	c.TookOver, c.CreatedAt = dead, n
 	return nil, nil
 }
@@ -47,55 +49,56 @@ func (m *Memory) Complete(_ context.Context, k store.Key, c *store.Claim, rec *s
 	// the table, since the claim carries the binding Acquire stored.
 	blob := store.AppendCompleted(nil, c, rec)
 	t := m.tab
-	t.mu.Lock()
-	defer t.mu.Unlock()
+	t.Lock()
+	defer t.Unlock()
 	n := now()
-	e, err := t.owned(k, c.Token, n.UnixNano())
+	e, err := m.owned(k, c.Token, n.UnixNano())
 	if err != nil {
 		return err
 	}
 	// Room is made with the claim itself out of the way, so a response too
 	// big for the whole table evicts others rather than failing forever.
-	t.remove(e)
-	if err := t.makeRoom(int64(len(blob) + entryOverhead)); err != nil {
+	t.Remove(e)
+	if err := t.MakeRoom(table.Size(blob)); err != nil {
 		return err
 	}
-	e.blob, e.expires = blob, n.Add(ttl).UnixNano()
-	t.insert(e)
+	e.Blob, e.Expires = blob, n.Add(ttl).UnixNano()
+	t.Insert(e)
 	return nil
 }
 
 // Release deletes the claim held by tok.
 func (m *Memory) Release(_ context.Context, k store.Key, tok store.Token) error {
 	t := m.tab
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	e, err := t.owned(k, tok, now().UnixNano())
+	t.Lock()
+	defer t.Unlock()
+	e, err := m.owned(k, tok, now().UnixNano())
 	if err != nil {
 		return err
 	}
-	t.remove(e)
+	t.Remove(e)
 	return nil
 }
 
 // Renew sets the lease of the claim held by tok to lease from now.
 func (m *Memory) Renew(_ context.Context, k store.Key, tok store.Token, lease time.Duration) error {
 	t := m.tab
-	t.mu.Lock()
-	defer t.mu.Unlock()
+	t.Lock()
+	defer t.Unlock()
 	n := now()
-	e, err := t.owned(k, tok, n.UnixNano())
+	e, err := m.owned(k, tok, n.UnixNano())
 	if err != nil {
 		return err
 	}
-	e.expires = n.Add(lease).UnixNano()
+	e.Expires = n.Add(lease).UnixNano()
 	return nil
 }
 
-// owned returns k's in-progress entry if tok holds it.
-func (t *table) owned(k store.Key, tok store.Token, n int64) (*entry, error) {
-	e := t.live(k, n)
-	if e == nil || !e.blob.ClaimedBy(tok) {
+// owned returns k's in-progress entry if tok holds it. The table must be
+// locked.
+func (m *Memory) owned(k store.Key, tok store.Token, n int64) (*table.Entry, error) {
+	e := m.tab.Live(k, n)
+	if e == nil || !e.Blob.ClaimedBy(tok) {
 		return nil, store.ErrNotOwner
 	}
 	return e, nil

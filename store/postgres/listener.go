@@ -11,7 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-idempotency/caddy-idempotency/store"
-	"github.com/caddy-idempotency/caddy-idempotency/store/memory"
+	"github.com/caddy-idempotency/caddy-idempotency/store/tier"
 )
 
 // listener LISTENs to the table's channel on one connection of its own,
@@ -28,7 +28,7 @@ import (
 type listener struct {
 	cfg    *pgx.ConnConfig
 	listen string // the LISTEN statement
-	tiers  memory.Tiers
+	tiers  tier.Tiers
 	losses *store.LossCounter
 	logger *zap.Logger
 
@@ -60,7 +60,7 @@ func newListener(cfg *pgx.ConnConfig, channel string, losses *prometheus.Counter
 // join adds the store storeName, and returns the local tier of cacheSize
 // bytes it is to use (nil for none), starting the listener that keeps
 // the tier coherent.
-func (l *listener) join(cacheSize int64, storeName string) *memory.Cache {
+func (l *listener) join(cacheSize int64, storeName string) *tier.Cache {
 	l.losses.Add(storeName)
 	tier := l.tiers.Join(cacheSize)
 	if tier != nil {

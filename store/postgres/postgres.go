@@ -28,7 +28,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-idempotency/caddy-idempotency/store"
-	"github.com/caddy-idempotency/caddy-idempotency/store/memory"
+	"github.com/caddy-idempotency/caddy-idempotency/store/tier"
 )
 
 func init() {
@@ -97,7 +97,7 @@ type Store struct {
 	poolKey string
 	name    string // in the store registry
 	db      *database
-	tier    *memory.Cache // nil without local_cache
+	tier    *tier.Cache // nil without local_cache
 	logger  *zap.Logger
 }
 

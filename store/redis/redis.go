@@ -24,7 +24,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-idempotency/caddy-idempotency/store"
-	"github.com/caddy-idempotency/caddy-idempotency/store/memory"
+	"github.com/caddy-idempotency/caddy-idempotency/store/tier"
 )
 
 func init() {
@@ -113,9 +113,9 @@ type Store struct {
 	poolKey     string
 	name        string // in the store registry
 	client      goredis.UniversalClient
-	events      *subscriber   // the client's
-	channel     string        // this prefix's events channel
-	tier        *memory.Cache // nil without local_cache
+	events      *subscriber // the client's
+	channel     string      // this prefix's events channel
+	tier        *tier.Cache // nil without local_cache
 	logger      *zap.Logger
 }
 

@@ -13,7 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-idempotency/caddy-idempotency/store"
-	"github.com/caddy-idempotency/caddy-idempotency/store/memory"
+	"github.com/caddy-idempotency/caddy-idempotency/store/tier"
 )
 
 // Instances hear from each other through one Pub/Sub subscription per
@@ -31,7 +31,7 @@ import (
 // the server unsubscribing it when a slot moves), suspends the tiers it
 // feeds until it has subscribed again, and counts the loss; what it shares
 // with the PostgreSQL store's listener is in store.KeepSubscribed,
-// store.LossCounter and memory.Tiers.
+// store.LossCounter and tier.Tiers.
 
 // subscriber is the subscription of one shared client, and the local tiers
 // that it keeps coherent.
@@ -48,7 +48,7 @@ type subscriber struct {
 	// channels are never dropped: a client serves few prefixes, and
 	// unsubscribing would race with a store that joins again. A channel's
 	// tiers are live while it is subscribed on the current connection.
-	channels map[string]*memory.Tiers
+	channels map[string]*tier.Tiers
 	ps       *goredis.PubSub // of the session under way, if any
 	started  bool
 	stopped  bool
@@ -61,7 +61,7 @@ func newSubscriber(client goredis.UniversalClient, cluster bool, losses *prometh
 		client:   client,
 		losses:   store.NewLossCounter(losses),
 		logger:   logger,
-		channels: make(map[string]*memory.Tiers),
+		channels: make(map[string]*tier.Tiers),
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
 	}
@@ -73,7 +73,7 @@ func newSubscriber(client goredis.UniversalClient, cluster bool, losses *prometh
 // returns the local tier of cacheSize bytes it is to use (nil for none),
 // starting the subscription that keeps the tier coherent. A lost
 // subscription counts against every store joined.
-func (sub *subscriber) join(name string, cacheSize int64, storeName string) *memory.Cache {
+func (sub *subscriber) join(name string, cacheSize int64, storeName string) *tier.Cache {
 	sub.losses.Add(storeName)
 	sub.mu.Lock()
 	defer sub.mu.Unlock()
@@ -106,12 +106,12 @@ func (sub *subscriber) listening(name string) bool {
 
 // channel returns the channel called name, subscribing to it on the
 // current connection if it is new. sub.mu is held.
-func (sub *subscriber) channel(name string) *memory.Tiers {
+func (sub *subscriber) channel(name string) *tier.Tiers {
 	ts := sub.channels[name]
 	if ts != nil {
 		return ts
 	}
-	ts = new(memory.Tiers)
+	ts = new(tier.Tiers)
 	sub.channels[name] = ts
 	if sub.ps != nil {
 		// A failure shows in the session's receive loop, which then

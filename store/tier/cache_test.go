@@ -1,10 +1,11 @@
-package memory
+package tier
 
 import (
 	"testing"
 	"time"
 
 	"github.com/caddy-idempotency/caddy-idempotency/store"
+	"github.com/caddy-idempotency/caddy-idempotency/store/internal/table"
 	"github.com/caddy-idempotency/caddy-idempotency/store/storetest"
 )
 
@@ -72,8 +73,11 @@ func TestCacheIsBoundedByBytesAndEvictsTheOldest(t *testing.T) {
 			t.Fatal("Put refused")
 		}
 		keys = append(keys, k)
-		if c.t.bytes > max {
-			t.Fatalf("cache holds %d bytes, over its bound of %d", c.t.bytes, max)
+		if c.t.Bytes() > max {
+			t.Fatalf("cache holds %d bytes, over its bound of %d", c.t.Bytes(), max)
+		}
+		if err := c.t.Check(); err != nil {
+			t.Fatal(err)
 		}
 	}
 	kept := 0
@@ -103,8 +107,11 @@ func TestCachePutAgainReplaces(t *testing.T) {
 	k, later := storetest.NewKey(), time.Now().Add(time.Hour)
 	c.Put(k, completedBlob(100, later), c.Version())
 	c.Put(k, completedBlob(100, later), c.Version())
-	if len(c.t.entries) != 1 || c.t.bytes != int64(len(completedBlob(100, later))+entryOverhead) {
-		t.Fatalf("two puts of one key hold %d entries, %d bytes", len(c.t.entries), c.t.bytes)
+	if c.t.Len() != 1 || c.t.Bytes() != table.Size(completedBlob(100, later)) {
+		t.Fatalf("two puts of one key hold %d entries, %d bytes", c.t.Len(), c.t.Bytes())
+	}
+	if err := c.t.Check(); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -137,7 +144,7 @@ func TestCacheSuspendedServesAndTakesNothing(t *testing.T) {
 	k := storetest.NewKey()
 	c.Put(k, completedBlob(1, later), c.Version())
 	c.Suspend()
-	if c.Get(k) != nil || c.t.bytes != 0 || len(c.t.entries) != 0 {
+	if c.Get(k) != nil || c.t.Bytes() != 0 || c.t.Len() != 0 {
 		t.Fatal("Suspend kept records")
 	}
 	v := c.Version() // a read that begins while suspended

@@ -1,17 +1,26 @@
-package memory
+// Package tier is the local tier of a shared store: an in-process copy of
+// the completed records it also keeps elsewhere (Redis, PostgreSQL), so
+// that their replays cost no round trip, and the Tiers that one channel of
+// the store's subscription keeps coherent.
+package tier
 
 import (
 	"math"
+	"time"
 
 	"github.com/caddy-idempotency/caddy-idempotency/store"
+	"github.com/caddy-idempotency/caddy-idempotency/store/internal/table"
 )
 
+// now is replaceable in tests.
+var now = time.Now
+
 // Cache is the memory store's table put to another use: an in-process copy
-// of completed records that a shared store also keeps elsewhere (the Redis
-// store's local tier), so that their replays cost no round trip. A
-// completed record never changes until it expires or is purged, so a copy
-// stays right until its own expiry, which the record carries
-// (store.Encoded.ExpiresAt), provided the cache hears of every purge.
+// of completed records that a shared store also keeps elsewhere, so that
+// their replays cost no round trip. A completed record never changes until
+// it expires or is purged, so a copy stays right until its own expiry,
+// which the record carries (store.Encoded.ExpiresAt), provided the cache
+// hears of every purge.
 //
 // It holds completed records only, never a claim, at most maxBytes of them
 // (each counted with the same overhead as in the memory store), evicting
@@ -22,8 +31,8 @@ import (
 // takes the Version read before the backing store was, and refuses the
 // record if any Delete, Suspend or Resume came in between.
 type Cache struct {
-	t *table
-	// version and suspended are guarded by t.mu.
+	t *table.Table
+	// version and suspended are guarded by t's lock.
 	version   uint64
 	suspended bool
 }
@@ -31,7 +40,7 @@ type Cache struct {
 // NewCache returns an empty cache of at most maxBytes, suspended: it
 // serves and takes nothing until Resume.
 func NewCache(maxBytes int64) *Cache {
-	return &Cache{t: newTable(math.MaxInt, maxBytes), suspended: true}
+	return &Cache{t: table.New(math.MaxInt, maxBytes), suspended: true}
 }
 
 // Destruct stops the cache's background sweep of expired records.
@@ -41,13 +50,13 @@ func (c *Cache) Destruct() error { return c.t.Destruct() }
 // suspended; nil otherwise. The bytes are shared: never write to them.
 func (c *Cache) Get(k store.Key) store.Encoded {
 	t := c.t
-	t.mu.Lock()
-	defer t.mu.Unlock()
+	t.Lock()
+	defer t.Unlock()
 	if c.suspended {
 		return nil
 	}
-	if e := t.live(k, now().UnixNano()); e != nil {
-		return e.blob
+	if e := t.Live(k, now().UnixNano()); e != nil {
+		return e.Blob
 	}
 	return nil
 }
@@ -55,8 +64,8 @@ func (c *Cache) Get(k store.Key) store.Encoded {
 // Version is to be read before the backing store, and given to Put with
 // what that read returned.
 func (c *Cache) Version() uint64 {
-	c.t.mu.Lock()
-	defer c.t.mu.Unlock()
+	c.t.Lock()
+	defer c.t.Unlock()
 	return c.version
 }
 
@@ -74,32 +83,32 @@ func (c *Cache) Put(k store.Key, blob store.Encoded, version uint64) bool {
 	if expires.IsZero() {
 		return false
 	}
-	size := int64(len(blob) + entryOverhead)
+	size := table.Size(blob)
 	t := c.t
-	t.mu.Lock()
-	defer t.mu.Unlock()
+	t.Lock()
+	defer t.Unlock()
 	n := now().UnixNano()
-	if c.suspended || version != c.version || n >= expires.UnixNano() || size > t.maxBytes {
+	if c.suspended || version != c.version || n >= expires.UnixNano() || size > t.MaxBytes() {
 		return false
 	}
-	if e := t.entries[k]; e != nil {
-		t.remove(e)
+	if e := t.Lookup(k); e != nil {
+		t.Remove(e)
 	}
-	if err := t.makeRoom(size); err != nil {
+	if err := t.MakeRoom(size); err != nil {
 		return false // cannot happen: every entry is completed, hence evictable
 	}
-	t.insert(&entry{key: k, blob: blob, expires: expires.UnixNano()})
+	t.Insert(&table.Entry{Key: k, Blob: blob, Expires: expires.UnixNano()})
 	return true
 }
 
 // Delete drops k's record, and refuses the Put of any record read before.
 func (c *Cache) Delete(k store.Key) {
 	t := c.t
-	t.mu.Lock()
-	defer t.mu.Unlock()
+	t.Lock()
+	defer t.Unlock()
 	c.version++
-	if e := t.entries[k]; e != nil {
-		t.remove(e)
+	if e := t.Lookup(k); e != nil {
+		t.Remove(e)
 	}
 }
 
@@ -107,20 +116,19 @@ func (c *Cache) Delete(k store.Key) {
 // that may have missed a purge.
 func (c *Cache) Suspend() {
 	t := c.t
-	t.mu.Lock()
-	defer t.mu.Unlock()
+	t.Lock()
+	defer t.Unlock()
 	c.version++
 	c.suspended = true
-	clear(t.entries)
-	t.oldest, t.newest, t.bytes = nil, nil, 0
+	t.Clear()
 }
 
 // Resume serves and takes records again, those read since alone: a read
 // that began while the cache was suspended may predate a purge it missed.
 func (c *Cache) Resume() {
 	t := c.t
-	t.mu.Lock()
-	defer t.mu.Unlock()
+	t.Lock()
+	defer t.Unlock()
 	c.version++
 	c.suspended = false
 }

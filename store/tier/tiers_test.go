@@ -1,4 +1,4 @@
-package memory
+package tier
 
 import (
 	"testing"
