@@ -145,6 +145,9 @@ func (h *Handler) inherit(ctx caddy.Context) (shared store.Store, name string, e
 		// does not take the defaults' pointers for another
 		h.FingerprintIgnore = append([]string(nil), d.FingerprintIgnore...)
 	}
+	if len(h.ReleaseStatuses) == 0 {
+		h.ReleaseStatuses = append([]int(nil), d.ReleaseStatuses...)
+	}
 	if len(h.FingerprintHeaders) == 0 {
 		h.FingerprintHeaders = append([]string(nil), d.FingerprintHeaders...)
 	}

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -183,6 +184,34 @@ func TestRoutesInheritOutcomeOptions(t *testing.T) {
 		if h.OnUnknownOutcome != tc.outcome || h.StoreServerErrors != tc.storeFiveX {
 			t.Errorf("route %+v: on_unknown_outcome %q, store_server_errors %t; want %q, %t",
 				tc.own, h.OnUnknownOutcome, h.StoreServerErrors, tc.outcome, tc.storeFiveX)
+		}
+		cancel()
+	}
+}
+
+// release_statuses comes from the app's defaults unless a route lists its
+// own, which replaces the list.
+func TestRoutesInheritReleaseStatuses(t *testing.T) {
+	base, err := caddy.ProvisionContext(&caddy.Config{AppsRaw: caddy.ModuleMap{
+		"idempotency": json.RawMessage(`{"release_statuses":[429]}`),
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		own  []int
+		want []int
+	}{
+		{nil, []int{429}},
+		{[]int{409, 503}, []int{409, 503}},
+	} {
+		ctx, cancel := caddy.NewContext(base)
+		h := Handler{Options: Options{ReleaseStatuses: tc.own}}
+		if err := h.Provision(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(h.ReleaseStatuses, tc.want) {
+			t.Errorf("route with %v: release_statuses %v, want %v", tc.own, h.ReleaseStatuses, tc.want)
 		}
 		cancel()
 	}

@@ -1,6 +1,7 @@
 package idempotency
 
 import (
+	"strconv"
 	"strings"
 
 	"github.com/caddy-idempotency/caddy-idempotency/internal/canonjson"
@@ -46,6 +47,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		on_conflict       reject | wait <max_duration>
 //		on_unknown_outcome release | keep
 //		store_server_errors
+//		release_statuses  <status...>
 //		replay_header     <name>
 //		disable_metrics
 //		store             <module> [{ ... }]
@@ -116,6 +118,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "store_server_errors":
 			err = cfarg.Flag(d, opt)
 			h.StoreServerErrors = true
+		case "release_statuses":
+			h.ReleaseStatuses, err = unmarshalStatuses(d, opt)
 		case "store":
 			err = h.unmarshalStore(d)
 		default:
@@ -166,6 +170,23 @@ func (h *Handler) unmarshalOnConflict(d *caddyfile.Dispenser) error {
 		return d.Errf("on_conflict: want reject or wait, got '%s'", h.OnConflict)
 	}
 	return nil
+}
+
+// unmarshalStatuses reads opt's arguments as 4xx or 5xx statuses.
+func unmarshalStatuses(d *caddyfile.Dispenser, opt string) ([]int, error) {
+	args, err := cfarg.List(d, opt)
+	if err != nil {
+		return nil, err
+	}
+	statuses := make([]int, len(args))
+	for i, arg := range args {
+		status, err := strconv.Atoi(arg)
+		if err != nil || status < 400 || status > 599 {
+			return nil, d.Errf("%s: want 4xx or 5xx statuses, got '%s'", opt, arg)
+		}
+		statuses[i] = status
+	}
+	return statuses, nil
 }
 
 var _ caddyfile.Unmarshaler = (*Handler)(nil)

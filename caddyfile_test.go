@@ -31,6 +31,7 @@ func TestAdaptEveryOption(t *testing.T) {
 		on_conflict       wait 5s
 		on_unknown_outcome keep
 		store_server_errors
+		release_statuses  429 503
 		replay_header     X-Replayed
 		disable_metrics
 		store redis {
@@ -79,6 +80,10 @@ func TestAdaptEveryOption(t *testing.T) {
 									"on_conflict": "wait",
 									"on_store_error": "fail_open",
 									"on_unknown_outcome": "keep",
+									"release_statuses": [
+										429,
+										503
+									],
 									"replay_header": "X-Replayed",
 									"required": true,
 									"scope": "{http.request.header.X-Tenant}",
@@ -215,6 +220,9 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		{"idempotency {\n on_unknown_outcome\n}", "on_unknown_outcome: expected a value"},
 		{"idempotency {\n store_server_errors on\n}", "store_server_errors: unexpected argument 'on'"},
 		{"idempotency {\n required yes\n}", "required: unexpected argument 'yes'"},
+		{"idempotency {\n release_statuses\n}", "release_statuses: expected at least one value"},
+		{"idempotency {\n release_statuses 429 200\n}", "release_statuses: want 4xx or 5xx statuses, got '200'"},
+		{"idempotency {\n release_statuses many\n}", "release_statuses: want 4xx or 5xx statuses, got 'many'"},
 		{"idempotency {\n methods\n}", "methods: expected at least one value"},
 		{"idempotency {\n endpoint\n}", "endpoint: expected at least one value"},
 		{"idempotency {\n key_header\n}", "key_header: expected a value"},

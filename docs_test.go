@@ -202,6 +202,8 @@ func checkDefaults(t *testing.T, path, typ string, v any) {
 			continue
 		case []string:
 			want = strings.Join(x, ", ")
+		case []int:
+			want = strings.Trim(strings.Join(strings.Fields(fmt.Sprint(x)), ", "), "[]")
 		default:
 			want = fmt.Sprint(x)
 		}
@@ -404,6 +406,8 @@ func jsonType(expr ast.Expr, tag reflect.StructTag) (string, error) {
 		return "integer", nil
 	case "[]string":
 		return "array of strings", nil
+	case "[]int":
+		return "array of integers", nil
 	case "caddy.Duration":
 		return "duration", nil
 	case "json.RawMessage":

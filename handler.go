@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -121,20 +122,33 @@ func (h *Handler) answerFromRecord(w http.ResponseWriter, r *http.Request, repl 
 	case rec.Truncated:
 		return h.refuse(w, r, repl, resultReplay, h.problems.unreplayable)
 	}
+	// A coding the retry does not accept is undone (codings.go).
+	body, decoded := rec.Body, false
+	if codings := rec.Header["Content-Encoding"]; len(codings) > 0 && !acceptsCodings(r.Header["Accept-Encoding"], codings) {
+		var ok bool
+		if body, ok = decodeBody(codings, body); !ok {
+			return h.refuse(w, r, repl, resultReplay, h.problems.notAcceptable)
+		}
+		decoded = true
+	}
 	h.setResult(repl, resultReplay)
 	hdr := w.Header()
-	for name, values := range rec.Header {
-		// Clip the slice: a later handler appending to a header must not
-		// write into a record that other replays share.
-		hdr[name] = values[:len(values):len(values)]
-	}
+	trailers := replayHeader(hdr, rec.Header, decoded)
 	hdr[h.ReplayHeader] = trueValue
-	hdr["Content-Length"] = []string{strconv.Itoa(len(rec.Body))}
+	if trailers != nil {
+		// declared, and without a length, so that HTTP/1.1 sends it
+		// chunked, with room for the trailers
+		hdr["Trailer"] = []string{strings.Join(trailers, ", ")}
+	} else {
+		hdr["Content-Length"] = []string{strconv.Itoa(len(body))}
+	}
 	w.WriteHeader(rec.Status)
-	_, err := w.Write(rec.Body)
-	if err != nil {
+	if _, err := w.Write(body); err != nil {
 		// the client left during a replay; it can retry again
 		panic(http.ErrAbortHandler)
+	}
+	if trailers != nil {
+		replayTrailers(w.Header(), rec.Header)
 	}
 	return nil
 }
@@ -179,36 +193,28 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, repl *caddy.Re
 	return err
 }
 
-// finish stores the response of a claimed request, or what became of it
-// when it got none (outcome.go), or releases the claim when a retry should
-// run the request anew. ctx is detached from the client's: its response is
+// finish ends the claim of a request that has run, as decideEnding
+// (ending.go) says. ctx is detached from the client's: its response is
 // being stored for its retry whether or not it stayed. Each store bounds
 // its own calls.
 func (h *Handler) finish(ctx context.Context, key store.Key, c *store.Claim, rw *recorder, repl *caddy.Replacer, handlerErr error, aborted bool) {
 	defer store.SignalEnd(key)
-
-	status := rw.status
-	switch {
-	case !rw.wroteHeader && handlerErr == nil && !aborted:
-		status = http.StatusOK // the server answers an empty 200
-	case !rw.wroteHeader:
-		h.unanswered(ctx, key, c, repl, handlerErr)
-		return
-	case status == statusClientClosed:
-		h.outcomeUnknown(ctx, key, c, "the work was cancelled before the upstream answered")
-		return
-	case status >= 500 && !h.StoreServerErrors:
-		// the error may be transient: the retry runs again
-		h.release(ctx, key, c.Token, "server error")
-		return
+	s := seen{wroteHeader: rw.wroteHeader, status: rw.status, overflow: rw.overflow,
+		handlerErr: handlerErr != nil, aborted: aborted}
+	if !s.wroteHeader && (s.handlerErr || s.aborted) {
+		s.reached = reachedUpstream(repl, handlerErr)
 	}
-	rec := &store.Record{Status: status, Header: rw.header, Body: rw.body()}
-	if aborted || rw.overflow {
-		// The upstream answered, so it did the work: never run it again,
-		// but there is no whole response to replay.
-		rec.Header, rec.Body, rec.Truncated = nil, nil, true
+	end, why := h.decideEnding(s)
+	switch end {
+	case endStore:
+		h.complete(ctx, key, c, rw.record())
+	case endStoreTruncated:
+		h.complete(ctx, key, c, &store.Record{Status: rw.status, Truncated: true})
+	case endRelease:
+		h.release(ctx, key, c.Token, why)
+	case endKeepUnknown:
+		h.keepUnknown(ctx, key, c, why, handlerErr)
 	}
-	h.complete(ctx, key, c, rec)
 }
 
 // complete stores rec as the outcome of c's request, and keeps trying in

@@ -49,6 +49,15 @@ const (
 
 var defaultMethods = []string{http.MethodPost, http.MethodPatch}
 
+// defaultReleaseStatuses answer a request that was not carried out: the
+// caller must authenticate (401, 407), the server gave up waiting for the
+// request (408), would not risk a replay of early data (425), or limits
+// the caller's rate (429).
+var defaultReleaseStatuses = []int{
+	http.StatusUnauthorized, http.StatusProxyAuthRequired, http.StatusRequestTimeout,
+	http.StatusTooEarly, http.StatusTooManyRequests,
+}
+
 // Options configure a handler: they are the idempotency directive's
 // options, and the idempotency app holds them as every handler's defaults.
 type Options struct {
@@ -155,6 +164,13 @@ type Options struct {
 	// other, so a retry does not run again. Without it, a 5xx answer
 	// releases the key and a retry runs the request again.
 	StoreServerErrors bool `json:"store_server_errors,omitempty"`
+
+	// ReleaseStatuses are the statuses that say a request was not carried
+	// out, such as a rate limit's 429 or an expired token's 401: like a
+	// 5xx, they release the key and a retry runs the request again instead
+	// of getting the refusal replayed until ttl. A list replaces the
+	// default. Default: 401, 407, 408, 425, 429.
+	ReleaseStatuses []int `json:"release_statuses,omitempty"`
 
 	// ReplayHeader is the response header set to "true" on replays.
 	// Default: Idempotent-Replayed.
@@ -294,6 +310,9 @@ func (h *Handler) setDefaults() {
 	if h.OnUnknownOutcome == "" {
 		h.OnUnknownOutcome = unknownRelease
 	}
+	if len(h.ReleaseStatuses) == 0 {
+		h.ReleaseStatuses = append([]int(nil), defaultReleaseStatuses...)
+	}
 	if h.ReplayHeader == "" {
 		h.ReplayHeader = defaultReplayHeader
 	}
@@ -339,6 +358,11 @@ func (h *Handler) Validate() error {
 	}
 	if h.OnUnknownOutcome != unknownRelease && h.OnUnknownOutcome != unknownKeep {
 		return fmt.Errorf("on_unknown_outcome: want release or keep, got %q", h.OnUnknownOutcome)
+	}
+	for _, status := range h.ReleaseStatuses {
+		if status < 400 || status > 599 {
+			return fmt.Errorf("release_statuses: want 4xx or 5xx statuses, got %d", status)
+		}
 	}
 	return nil
 }

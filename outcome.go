@@ -81,26 +81,6 @@ func reachedUpstream(repl *caddy.Replacer, err error) bool {
 	return selected && !earlier
 }
 
-// unanswered ends the claim of a request that failed before an answer was
-// written: Caddy's error handling answers it.
-func (h *Handler) unanswered(ctx context.Context, key store.Key, c *store.Claim, repl *caddy.Replacer, err error) {
-	if h.OnUnknownOutcome == unknownKeep && reachedUpstream(repl, err) {
-		h.keepUnknown(ctx, key, c, "no answer came from the upstream", err)
-		return
-	}
-	h.release(ctx, key, c.Token, "handler failed before responding")
-}
-
-// outcomeUnknown ends the claim of a request that was sent to the
-// upstream and never answered, per on_unknown_outcome.
-func (h *Handler) outcomeUnknown(ctx context.Context, key store.Key, c *store.Claim, why string) {
-	if h.OnUnknownOutcome == unknownKeep {
-		h.keepUnknown(ctx, key, c, why, nil)
-		return
-	}
-	h.release(ctx, key, c.Token, why)
-}
-
 // keepUnknown holds the key until ttl: its retries are told that the
 // outcome is unknown rather than run again.
 func (h *Handler) keepUnknown(ctx context.Context, key store.Key, c *store.Claim, why string, err error) {

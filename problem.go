@@ -94,6 +94,7 @@ type problems struct {
 	otherEndpoint, otherPayload    *problem
 	unreplayable, storeUnavailable *problem
 	outcomeUnknown                 *problem
+	notAcceptable                  *problem
 }
 
 func newProblems(header string, maxRequestBody int64) problems {
@@ -118,5 +119,7 @@ func newProblems(header string, maxRequestBody int64) problems {
 			"The request was not processed because its idempotency could not be guaranteed. Retry later with the same key.", 2),
 		outcomeUnknown: newProblem(502, "outcome-unknown", "The outcome of the request for this Idempotency-Key is unknown",
 			"The request with this key was sent to the server, which did not answer: it may have been carried out. Do not retry it; check whether it took effect before sending it again with a new key.", 0),
+		notAcceptable: newProblem(406, "not-acceptable", "The response for this Idempotency-Key is in an encoding this request does not accept",
+			"The request with this key was processed, and its response is stored in a content coding that cannot be decoded here. Retry with that coding in Accept-Encoding.", 0),
 	}
 }

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"net/http"
 	"sync"
+
+	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
 // recorder streams the response to the client as the next handler writes
@@ -18,7 +20,9 @@ type recorder struct {
 	limit int64
 
 	status      int
-	header      http.Header // the response header as sent, without per-caller fields
+	outer       http.Header // the header map as the handlers before this one left it; reused
+	header      http.Header // what the handlers after this one set, without per-caller fields
+	declared    []string    // the Trailer header's values: names set after the body
 	buf         *bytes.Buffer
 	size        int64
 	overflow    bool // the body outgrew limit; buf was dropped
@@ -41,9 +45,20 @@ func putBuffer(b *bytes.Buffer) {
 
 var recorderPool = sync.Pool{New: func() any { return new(recorder) }}
 
+// newRecorder wraps w, whose header holds what the handlers before this
+// one set for this exchange (a request id, CORS headers): those are noted
+// here, so that only what the handlers after it add is stored.
 func newRecorder(w http.ResponseWriter, limit int64) *recorder {
 	rec := recorderPool.Get().(*recorder)
-	*rec = recorder{ResponseWriter: w, limit: limit}
+	*rec = recorder{ResponseWriter: w, limit: limit, outer: rec.outer}
+	if h := w.Header(); len(h) > 0 {
+		if rec.outer == nil {
+			rec.outer = make(http.Header, len(h))
+		}
+		for name, values := range h {
+			rec.outer[name] = values
+		}
+	}
 	return rec
 }
 
@@ -51,7 +66,8 @@ func newRecorder(w http.ResponseWriter, limit int64) *recorder {
 // be done with rec.body().
 func (rec *recorder) free() {
 	putBuffer(rec.buf)
-	*rec = recorder{}
+	clear(rec.outer)
+	*rec = recorder{outer: rec.outer}
 	recorderPool.Put(rec)
 }
 
@@ -66,7 +82,9 @@ func (rec *recorder) WriteHeader(status int) {
 	}
 	rec.wroteHeader = true
 	rec.status = status
-	rec.header = storableHeader(rec.ResponseWriter.Header())
+	h := rec.ResponseWriter.Header()
+	rec.header = exchangeHeader(h, rec.outer)
+	rec.declared = h["Trailer"]
 	rec.ResponseWriter.WriteHeader(status)
 }
 
@@ -117,38 +135,21 @@ func (rec *recorder) FlushError() error {
 // controls (deadlines, hijacking).
 func (rec *recorder) Unwrap() http.ResponseWriter { return rec.ResponseWriter }
 
+// record is the whole answer, to store: the server answers an empty 200
+// to a handler that wrote nothing.
+func (rec *recorder) record() *store.Record {
+	status := rec.status
+	if !rec.wroteHeader {
+		status = http.StatusOK
+		rec.header = exchangeHeader(rec.ResponseWriter.Header(), rec.outer)
+	}
+	rec.addTrailers()
+	return &store.Record{Status: status, Header: rec.header, Body: rec.body()}
+}
+
 func (rec *recorder) body() []byte {
 	if rec.buf == nil {
 		return nil
 	}
 	return rec.buf.Bytes()
-}
-
-// unstorableHeaders are never stored or replayed: cookies and
-// authentication answers belong to the caller who received them, and the
-// rest describe one connection or are recomputed on replay.
-var unstorableHeaders = map[string]bool{
-	"Set-Cookie":                true,
-	"Set-Cookie2":               true,
-	"Authentication-Info":       true,
-	"Proxy-Authentication-Info": true,
-	"Proxy-Authenticate":        true,
-	"Connection":                true,
-	"Keep-Alive":                true,
-	"Transfer-Encoding":         true,
-	"Upgrade":                   true,
-	"Trailer":                   true,
-	"Date":                      true,
-	"Content-Length":            true,
-	"Alt-Svc":                   true,
-}
-
-func storableHeader(h http.Header) http.Header {
-	out := make(http.Header, len(h))
-	for name, values := range h {
-		if !unstorableHeaders[name] && len(values) > 0 {
-			out[name] = values
-		}
-	}
-	return out
 }

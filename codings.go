@@ -1,0 +1,140 @@
+package idempotency
+
+import (
+	"bytes"
+	"compress/flate"
+	"compress/gzip"
+	"compress/zlib"
+	"errors"
+	"io"
+	"strconv"
+	"strings"
+
+	"github.com/klauspost/compress/zstd"
+)
+
+// Content codings on replay. An upstream behind reverse_proxy compresses
+// for the client of the first request, which sent its Accept-Encoding; a
+// retry may accept another coding or none. A stored body in a coding the
+// retry does not accept is replayed decoded (gzip, deflate, zstd); one in
+// a coding this handler cannot decode (br, ...) is refused with 406.
+
+// maxDecodedBody bounds what a replay decodes into memory: a stored body
+// is at most max_response_body, but compression can multiply it.
+const maxDecodedBody = 64 << 20
+
+// acceptsCodings reports whether a request with the Accept-Encoding field
+// lines accept takes a body with the Content-Encoding lines codings. A
+// request without Accept-Encoding takes none: RFC 9110 would allow any,
+// but such clients (curl, most scripts) cannot decode them.
+func acceptsCodings(accept, codings []string) bool {
+	for _, line := range codings {
+		for coding := range strings.SplitSeq(line, ",") {
+			coding = strings.ToLower(strings.TrimSpace(coding))
+			if coding != "" && coding != "identity" && !acceptsCoding(accept, coding) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// acceptsCoding reports whether accept names coding, or *, with a
+// non-zero weight; a coding named with q=0 is refused even under *.
+func acceptsCoding(accept []string, coding string) bool {
+	named, star := -1.0, -1.0
+	for _, line := range accept {
+		for member := range strings.SplitSeq(line, ",") {
+			name, params, _ := strings.Cut(member, ";")
+			name = strings.ToLower(strings.TrimSpace(name))
+			if name == "x-gzip" {
+				name = "gzip"
+			}
+			q := weight(params)
+			switch {
+			case name == coding || (coding == "x-gzip" && name == "gzip"):
+				named = max(named, q)
+			case name == "*":
+				star = max(star, q)
+			}
+		}
+	}
+	if named >= 0 {
+		return named > 0
+	}
+	return star > 0
+}
+
+// weight is the q parameter in params, 1 when absent or malformed.
+func weight(params string) float64 {
+	for param := range strings.SplitSeq(params, ";") {
+		name, value, _ := strings.Cut(param, "=")
+		if strings.EqualFold(strings.TrimSpace(name), "q") {
+			if q, err := strconv.ParseFloat(strings.TrimSpace(value), 64); err == nil {
+				return q
+			}
+		}
+	}
+	return 1
+}
+
+// decodeBody undoes the Content-Encoding lines codings of body, the last
+// applied first. It reports false for a coding it cannot decode, a
+// corrupt body, or one that decodes to more than maxDecodedBody.
+func decodeBody(codings []string, body []byte) ([]byte, bool) {
+	var names []string
+	for _, line := range codings {
+		for coding := range strings.SplitSeq(line, ",") {
+			if coding = strings.ToLower(strings.TrimSpace(coding)); coding != "" && coding != "identity" {
+				names = append(names, coding)
+			}
+		}
+	}
+	for i := len(names) - 1; i >= 0; i-- {
+		var err error
+		if body, err = decode(names[i], body); err != nil {
+			return nil, false
+		}
+	}
+	return body, true
+}
+
+func decode(coding string, body []byte) ([]byte, error) {
+	var r io.Reader
+	switch coding {
+	case "gzip", "x-gzip":
+		zr, err := gzip.NewReader(bytes.NewReader(body))
+		if err != nil {
+			return nil, err
+		}
+		r = zr
+	case "deflate":
+		// HTTP's deflate is the zlib format; some servers send raw DEFLATE.
+		zr, err := zlib.NewReader(bytes.NewReader(body))
+		if err != nil {
+			r = flate.NewReader(bytes.NewReader(body))
+		} else {
+			r = zr
+		}
+	case "zstd":
+		zr, err := zstd.NewReader(bytes.NewReader(body), zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxMemory(maxDecodedBody))
+		if err != nil {
+			return nil, err
+		}
+		defer zr.Close()
+		r = zr
+	default:
+		return nil, errUndecodable
+	}
+	var out bytes.Buffer
+	n, err := io.Copy(&out, io.LimitReader(r, maxDecodedBody+1))
+	switch {
+	case err != nil:
+		return nil, err
+	case n > maxDecodedBody:
+		return nil, errUndecodable
+	}
+	return out.Bytes(), nil
+}
+
+var errUndecodable = errors.New("content coding cannot be decoded")

@@ -1,0 +1,64 @@
+package idempotency
+
+import (
+	"net/http"
+	"slices"
+)
+
+// The end of a claimed request: what became of it, decided in one place
+// (decideEnding) from what the recorder saw, and carried out by the small
+// effects in finish, release (recovery.go) and keepUnknown (outcome.go).
+// The README's "What a failed upstream leaves behind" is this function in
+// prose; ending_test.go has a row for each of its rows.
+
+// ending is what a claim becomes once its request is done.
+type ending uint8
+
+const (
+	endStore          ending = iota // the answer is stored and replayed
+	endStoreTruncated               // it ran, but there is no whole answer: never run again, never replayed
+	endRelease                      // nothing was done, or a retry may do it: the retry runs
+	endKeepUnknown                  // it may have run and no answer came: kept until ttl as unknown
+)
+
+// seen is what the handler knows once the request is done.
+type seen struct {
+	wroteHeader bool
+	status      int  // the final status written, if wroteHeader
+	overflow    bool // the body outgrew max_response_body
+	handlerErr  bool // the next handler returned an error
+	aborted     bool // the next handler panicked
+	reached     bool // an upstream may have received the request (reachedUpstream)
+}
+
+// decideEnding is the failure table: it reads only the facts and the
+// options, and says why, for the logs.
+func (h *Handler) decideEnding(s seen) (ending, string) {
+	unknown := endRelease
+	if h.OnUnknownOutcome == unknownKeep {
+		unknown = endKeepUnknown
+	}
+	switch {
+	case !s.wroteHeader && !s.handlerErr && !s.aborted:
+		return endStore, "" // the server answers an empty 200
+	case !s.wroteHeader && s.reached:
+		return unknown, "no answer came from the upstream"
+	case !s.wroteHeader:
+		return endRelease, "handler failed before responding"
+	case s.status == http.StatusSwitchingProtocols:
+		// What follows is another protocol on the same connection, which
+		// this handler does not see: there is no answer to replay.
+		return endRelease, "switched protocols"
+	case s.status == statusClientClosed:
+		return unknown, "the work was cancelled before the upstream answered"
+	case s.status >= 500 && !h.StoreServerErrors:
+		return endRelease, "server error" // may be transient: the retry runs again
+	case slices.Contains(h.ReleaseStatuses, s.status):
+		return endRelease, "the answer says the request was not carried out"
+	case s.aborted || s.overflow || s.handlerErr:
+		// The upstream answered, so it did the work; its answer broke
+		// off, or is too large to keep.
+		return endStoreTruncated, ""
+	}
+	return endStore, ""
+}
