@@ -23,13 +23,15 @@ var drainMargin = 5 * time.Second
 // backend, and the old one would be closed under requests that still have
 // to complete or release their claims. So Detach gives the backend back
 // only once the last hold is given back, or once the longest lease of the
-// holds plus drainMargin has passed since the Cleanup: by then the claims
-// of the old requests have lapsed anyway.
+// holds plus drainMargin has passed since the Cleanup: a request that
+// still runs then fares as after a crash (it can no longer renew its
+// claim, which lapses), but a hung request cannot keep a backend open for
+// ever.
 //
 // A request takes a hold before its first store call and gives it back
 // when it is over; work it leaves to the background takes its own. The
 // methods are safe on a nil *Holds (a store that does not register), and
-// cost two atomic operations on a request's path.
+// cost a request a few atomic operations and no allocation.
 type Holds struct {
 	n     atomic.Int64
 	lease atomic.Int64 // the longest lease of any hold taken, in ns
