@@ -25,7 +25,8 @@ func TestReloadChangingStoreKeepsRunningRequests(t *testing.T) {
 	}
 	oldConfig, cleanUpOld := caddy.NewContext(caddy.Context{Context: context.Background()})
 	t.Cleanup(cleanUpOld)
-	old := &Handler{StoreRaw: raw(16)}
+	old := new(Handler)
+	old.StoreRaw = raw(16)
 	if err := old.Provision(oldConfig); err != nil {
 		t.Fatal(err)
 	}
@@ -55,10 +56,9 @@ func TestReloadChangingStoreKeepsBackgroundRetries(t *testing.T) {
 	proxy := faultproxy.Start(t, srv.Addr())
 	oldConfig, cleanUpOld := caddy.NewContext(caddy.Context{Context: context.Background()})
 	t.Cleanup(cleanUpOld)
-	old := &Handler{
-		StoreRaw:    json.RawMessage(`{"module":"redis","addresses":["` + proxy.Addr() + `"],"pool_size":16,"read_timeout":"200ms","dial_timeout":"200ms","write_timeout":"200ms"}`),
-		LockTimeout: caddy.Duration(5 * time.Second),
-	}
+	old := new(Handler)
+	old.StoreRaw = json.RawMessage(`{"module":"redis","addresses":["` + proxy.Addr() + `"],"pool_size":16,"read_timeout":"200ms","dial_timeout":"200ms","write_timeout":"200ms"}`)
+	old.LockTimeout = caddy.Duration(5 * time.Second)
 	if err := old.Provision(oldConfig); err != nil {
 		t.Fatal(err)
 	}

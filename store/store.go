@@ -10,9 +10,8 @@
 // named for it (the memory table, the file store's database, the SQL of
 // PostgreSQL, the Redis key names). Here, store.go is the contract,
 // codec.go the record encoding that the memory, file and Redis stores
-// share, inspect.go the Inspector, registry.go the registry through
-// which the admin API reaches provisioned stores, and holds.go what keeps
-// a store that a reload replaced open for the requests still using it.
+// share, inspect.go the Inspector, and registry.go the registry through
+// which the admin API reaches provisioned stores.
 package store
 
 import (
