@@ -45,6 +45,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return h.refuse(w, r, repl, resultInvalid, h.problems.invalid)
 	}
 
+	// From here the request uses the store, which a reload that replaces
+	// it must leave open until the request and its background work are
+	// done (store.Holds).
+	h.holds.Take(time.Duration(h.LockTimeout))
+	defer h.holds.Give()
+
 	body, tooLarge, err := h.readBody(r)
 	if err != nil {
 		return caddyhttp.Error(http.StatusBadRequest, err)

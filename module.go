@@ -194,6 +194,7 @@ type Handler struct {
 
 	store    store.Store
 	notifier store.Notifier // the store, if it wakes waiters across instances
+	holds    *store.Holds   // the store's, which keep it open for our requests
 	logger   *zap.Logger
 	keyField string // canonical form of KeyHeader, to index the header map
 	payload  payload
@@ -232,6 +233,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.store = s
 	h.notifier, _ = s.(store.Notifier)
+	h.holds = store.HoldsOf(s)
 	h.leases = newLeases(h)
 	if !h.DisableMetrics {
 		if h.metrics, err = newMetrics(ctx.GetMetricsRegistry()); err != nil {

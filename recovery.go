@@ -93,8 +93,10 @@ func (h *Handler) retryLater(parent context.Context, op func(context.Context) er
 		return
 	}
 	deadline := time.Now().Add(time.Duration(h.LockTimeout))
+	h.holds.Take(time.Duration(h.LockTimeout)) // while its request still holds one
 	go func() {
 		defer func() { <-background }()
+		defer h.holds.Give()
 		for pause := 100 * time.Millisecond; time.Now().Before(deadline); pause = min(2*pause, 2*time.Second) {
 			ctx, cancel := context.WithDeadline(parent, deadline)
 			err := op(ctx)

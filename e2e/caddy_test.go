@@ -152,8 +152,12 @@ http://:%d {
 // 'caddy reload' does. Caddy answers once the old configuration stopped,
 // which waits for its requests up to the grace period.
 func (c *caddyProc) Reload(site string) error {
-	body := makeCaddyfile(c.port, c.adminPort, site)
-	r, err := http.NewRequest(http.MethodPost, fmt.Sprintf("http://127.0.0.1:%d/load", c.adminPort), strings.NewReader(body))
+	return c.Load(makeCaddyfile(c.port, c.adminPort, site))
+}
+
+// Load replaces the whole Caddyfile through the admin API.
+func (c *caddyProc) Load(caddyfile string) error {
+	r, err := http.NewRequest(http.MethodPost, fmt.Sprintf("http://127.0.0.1:%d/load", c.adminPort), strings.NewReader(caddyfile))
 	if err != nil {
 		return err
 	}

@@ -33,6 +33,7 @@ type entry struct {
 	// (Caddy provisions every module of a config in contexts derived from
 	// one); nil outside a config.
 	config <-chan struct{}
+	holds  *Holds // the requests that use the store (holds.go)
 }
 
 // Registration is a registered store.
@@ -81,7 +82,7 @@ func Register(ctx context.Context, reg Registration, records string) error {
 			}
 		}
 	}
-	registry.stores[reg.Name] = append(registry.stores[reg.Name], entry{Registration: reg, records: records, config: config})
+	registry.stores[reg.Name] = append(registry.stores[reg.Name], entry{Registration: reg, records: records, config: config, holds: new(Holds)})
 	return nil
 }
 
@@ -97,11 +98,16 @@ func checkName(name string) error {
 
 // Unregister undoes Register for s under name. It is safe to call more
 // than once, or for a store that was never registered.
-func Unregister(name string, s Store) {
+func Unregister(name string, s Store) { unregister(name, s) }
+
+// unregister is Unregister, returning the holds of s if it was registered.
+func unregister(name string, s Store) *Holds {
 	registry.Lock()
 	defer registry.Unlock()
 	list := registry.stores[name]
+	var holds *Holds
 	if i := slices.IndexFunc(list, func(e entry) bool { return e.Store == s }); i >= 0 {
+		holds = list[i].holds
 		list = slices.Delete(list, i, i+1)
 	}
 	if len(list) == 0 {
@@ -109,20 +115,26 @@ func Unregister(name string, s Store) {
 	} else {
 		registry.stores[name] = list
 	}
+	return holds
 }
 
 // Detach undoes what a store's Provision did with a shared backend: it
 // unregisters s from name and gives back its use of the pooled resource at
 // *poolKey (a caddy.UsagePool, which destroys the resource with its last
-// user). It clears *poolKey, so that a second call, or one for a store that
-// never got the resource, does nothing.
+// user). While requests hold s (HoldsOf), the give-back waits for the last
+// of them, within a bound (holds.go), and an error closing the resource is
+// logged rather than returned. It clears *poolKey, so that a second call,
+// or one for a store that never got the resource, does nothing.
 func Detach(s Store, name string, pool interface{ Delete(key any) (bool, error) }, poolKey *string) error {
 	if *poolKey == "" {
 		return nil
 	}
-	Unregister(name, s)
+	holds := unregister(name, s)
 	key := *poolKey
 	*poolKey = ""
+	if closeLater(holds, name, pool, key) {
+		return nil
+	}
 	_, err := pool.Delete(key)
 	return err
 }

@@ -106,8 +106,9 @@ func (s *Store) Validate() error {
 	return nil
 }
 
-// Cleanup gives the database back; the last user closes the file. It is
-// safe to call more than once. The store keeps its handle, so calls made
+// Cleanup gives the database back; the last user closes the file once the
+// requests that hold this store are done (store.Holds). It is safe to
+// call more than once. The store keeps its handle, so calls made
 // after the file is closed fail with store.ErrUnavailable.
 func (s *Store) Cleanup() error {
 	if s == nil {

@@ -97,8 +97,9 @@ func (m *Memory) Validate() error {
 	return nil
 }
 
-// Cleanup detaches from the table; the last user stops its sweeper. The
-// table stays usable: requests of the old config may still be finishing
+// Cleanup detaches from the table; the last user stops its sweeper once
+// the requests that hold this store are done (store.Holds). The table
+// stays usable: requests of the old config may still be finishing
 // after a reload, and their responses must be stored.
 func (m *Memory) Cleanup() error {
 	return store.Detach(m, m.name, tables, &m.poolKey)

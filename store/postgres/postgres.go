@@ -188,7 +188,8 @@ func (s *Store) Validate() error {
 }
 
 // Cleanup gives the pool back, closing it and stopping its reaper with its
-// last user. It is safe to call more than once.
+// last user once the requests that hold this store are done
+// (store.Holds). It is safe to call more than once.
 func (s *Store) Cleanup() error {
 	if s == nil {
 		return nil

@@ -151,3 +151,15 @@ func TestStringRedactsPassword(t *testing.T) {
 		}
 	}
 }
+
+// A reload that changes max_conns gives the new config a pool of its own;
+// the old one serves the old config's requests until they are done.
+func TestPoolReplacedByReload(t *testing.T) {
+	table := newTable()
+	old := storetest.Provision(t, &Store{DSN: shared.DSN(), Table: table, MaxConns: 16})
+	replacement := storetest.Provision(t, &Store{DSN: shared.DSN(), Table: table, MaxConns: 17})
+	if old.db == replacement.db {
+		t.Fatal("another max_conns shared the pool")
+	}
+	storetest.CheckReplacedByReload(t, old, replacement)
+}

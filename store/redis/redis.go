@@ -258,15 +258,16 @@ func (s *Store) Validate() error {
 	return nil
 }
 
-// Cleanup gives the client back to the pool, closing it with its last user.
+// Cleanup gives the client back to the pool, closing it with its last
+// user once the requests that hold this store are done (store.Holds).
 func (s *Store) Cleanup() error {
 	if s == nil {
 		return nil
 	}
 	// The client stays: requests of the old config may still be finishing
-	// after a reload; once the last user is gone their calls fail as
-	// unavailable instead of dereferencing nil. So does the tier, which the
-	// last store to leave it suspends.
+	// after a reload; calls made after it closed fail as unavailable
+	// instead of dereferencing nil. So does the tier, which the last store
+	// to leave it suspends.
 	if s.poolKey != "" {
 		s.events.leave(s.channel, s.LocalCache, s.name)
 	}

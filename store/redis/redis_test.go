@@ -145,3 +145,21 @@ func TestPasswordIsRedacted(t *testing.T) {
 func claim() *store.Claim {
 	return &store.Claim{Token: storetest.NewToken(), Endpoint: "POST example.com/orders", Lease: time.Minute}
 }
+
+// A reload that changes pool_size gives the new config a client of its
+// own; the old one serves the old config's requests until they are done.
+func TestClientReplacedByReload(t *testing.T) {
+	srv := testredis.Start(t)
+	cfg := func(pool int) *Store {
+		return &Store{Addresses: []string{srv.Addr()}, KeyPrefix: "test:" + t.Name(), PoolSize: pool}
+	}
+	old := storetest.Provision(t, cfg(16))
+	replacement := storetest.Provision(t, cfg(17))
+	if old.client == replacement.client {
+		t.Fatal("another pool_size shared the client")
+	}
+	storetest.CheckReplacedByReload(t, old, replacement)
+	if err := old.client.Ping(context.Background()).Err(); !errors.Is(err, goredis.ErrClosed) {
+		t.Fatalf("Ping on the old client after its last hold = %v, want ErrClosed", err)
+	}
+}

@@ -1,0 +1,177 @@
+package store
+
+import (
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+// backend is a pooled resource that notes when it is closed.
+type backend struct {
+	once   sync.Once
+	closed chan struct{}
+}
+
+func (b *backend) Destruct() error {
+	b.once.Do(func() { close(b.closed) })
+	return nil
+}
+
+func (b *backend) isClosed() bool {
+	select {
+	case <-b.closed:
+		return true
+	default:
+		return false
+	}
+}
+
+// provisioned is a store of one config, as a store module's Provision
+// leaves it: registered, with its use of the backend at key in pool.
+func provisioned(t *testing.T, pool *caddy.UsagePool, name, key string) (*fake, *backend) {
+	t.Helper()
+	val, _, err := pool.LoadOrNew(key, func() (caddy.Destructor, error) {
+		return &backend{closed: make(chan struct{})}, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &fake{}
+	register(t, config(t), name, name, s)
+	return s, val.(*backend)
+}
+
+func wantReferences(t *testing.T, pool *caddy.UsagePool, key string, want int) {
+	t.Helper()
+	if n, _ := pool.References(key); n != want {
+		t.Fatalf("pool entry %s has %d references, want %d", key, n, want)
+	}
+}
+
+// A reload that changes the store's options: the old config's backend
+// stays open across its Cleanup while a request holds the store, and is
+// closed, its pool entry gone, with the last hold.
+func TestDetachWaitsForHolds(t *testing.T) {
+	pool := caddy.NewUsagePool()
+	const name = "fake holds-test"
+	old, oldBackend := provisioned(t, pool, name, "old")
+	holds := HoldsOf(old)
+	if holds == nil {
+		t.Fatal("a registered store has no holds")
+	}
+	holds.Take(time.Minute) // a request
+	holds.Take(time.Minute) // and the background retry it started
+
+	_, newBackend := provisioned(t, pool, name, "new") // the new config
+	key := "old"
+	if err := Detach(old, name, pool, &key); err != nil {
+		t.Fatal(err)
+	}
+	if oldBackend.isClosed() {
+		t.Fatal("the backend was closed by the Cleanup while requests hold the store")
+	}
+	wantReferences(t, pool, "old", 1)
+	holds.Give()
+	if oldBackend.isClosed() {
+		t.Fatal("the backend was closed while a hold is left")
+	}
+	holds.Give()
+	if !oldBackend.isClosed() {
+		t.Fatal("the backend is still open after the last hold was given back")
+	}
+	if _, ok := pool.References("old"); ok {
+		t.Fatal("the old pool entry is still there after the last hold: leaked")
+	}
+	holds.Take(time.Minute) // a straggler: harmless
+	holds.Give()
+	if newBackend.isClosed() {
+		t.Fatal("the new config's backend was closed")
+	}
+}
+
+// Without holds, Detach gives the backend back at once, as before.
+func TestDetachWithoutHolds(t *testing.T) {
+	pool := caddy.NewUsagePool()
+	const name = "fake holds-none"
+	s, b := provisioned(t, pool, name, "k")
+	h := HoldsOf(s)
+	h.Take(time.Minute)
+	h.Give() // a request that ended before the reload
+	key := "k"
+	if err := Detach(s, name, pool, &key); err != nil {
+		t.Fatal(err)
+	}
+	if !b.isClosed() {
+		t.Fatal("the backend is still open after a Cleanup that no request holds")
+	}
+	if key != "" || Detach(s, name, pool, &key) != nil {
+		t.Fatal("a second Detach did something")
+	}
+}
+
+// A hold that is never given back (a hung request) keeps the backend for
+// its lease plus drainMargin, not for ever.
+func TestDetachBound(t *testing.T) {
+	margin := drainMargin
+	drainMargin = 20 * time.Millisecond
+	t.Cleanup(func() { drainMargin = margin })
+	pool := caddy.NewUsagePool()
+	const name = "fake holds-bound"
+	s, b := provisioned(t, pool, name, "k")
+	h := HoldsOf(s)
+	h.Take(30 * time.Millisecond)
+	h.Take(80 * time.Millisecond) // the longest lease counts
+	h.Give()
+	key := "k"
+	start := time.Now()
+	if err := Detach(s, name, pool, &key); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-b.closed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the backend of a hung request's store was never closed")
+	}
+	if took := time.Since(start); took < 100*time.Millisecond {
+		t.Fatalf("closed %v after the Cleanup, before the longest lease plus the margin (100ms)", took)
+	}
+	if _, ok := pool.References("k"); ok {
+		t.Fatal("the pool entry is still there")
+	}
+	h.Give() // the hung request ends at last: nothing more happens
+}
+
+// A reload back to the old options within the drain reuses the old
+// backend: the deferred give-back leaves the new config's reference.
+func TestDetachThenReloadBack(t *testing.T) {
+	pool := caddy.NewUsagePool()
+	const name = "fake holds-back"
+	old, b := provisioned(t, pool, name, "k")
+	h := HoldsOf(old)
+	h.Take(time.Minute)
+	key := "k"
+	if err := Detach(old, name, pool, &key); err != nil {
+		t.Fatal(err)
+	}
+	_, again := provisioned(t, pool, name, "k")
+	if again != b {
+		t.Fatal("the config that asks for the old options again got a new backend")
+	}
+	h.Give()
+	if b.isClosed() {
+		t.Fatal("the backend the current config uses was closed")
+	}
+	wantReferences(t, pool, "k", 1)
+}
+
+// Take and Give are safe on a store that does not register.
+func TestHoldsNil(t *testing.T) {
+	h := HoldsOf(&fake{})
+	h.Take(time.Second)
+	h.Give()
+	if h.later(func() { t.Fatal("ran") }) {
+		t.Fatal("nil holds deferred a release")
+	}
+}
