@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -300,6 +301,41 @@ func (s *Sentinel) WaitFailover(t testing.TB, old string, timeout time.Duration)
 		return nil
 	})
 	return addr
+}
+
+// Pause stops the data node at addr with SIGSTOP: it keeps its
+// connections but answers nothing, like a stalled replica. Resume undoes
+// it; the test's end does too.
+func (s *Sentinel) Pause(t testing.TB, addr string) {
+	t.Helper()
+	s.signal(t, addr, syscall.SIGSTOP)
+	t.Cleanup(func() { _ = s.dataNode(addr).signal(syscall.SIGCONT) })
+}
+
+// Resume continues a paused data node with SIGCONT.
+func (s *Sentinel) Resume(t testing.TB, addr string) {
+	t.Helper()
+	s.signal(t, addr, syscall.SIGCONT)
+}
+
+func (s *Sentinel) signal(t testing.TB, addr string, sig syscall.Signal) {
+	t.Helper()
+	p := s.dataNode(addr)
+	if p == nil {
+		t.Fatalf("testredis: %s is not one of the data nodes", addr)
+	}
+	if err := p.signal(sig); err != nil {
+		t.Fatalf("testredis: signalling %s: %v", addr, err)
+	}
+}
+
+func (s *Sentinel) dataNode(addr string) *proc {
+	for _, p := range s.data {
+		if p != nil && p.addr() == addr {
+			return p
+		}
+	}
+	return nil
 }
 
 func (s *Sentinel) close() {
