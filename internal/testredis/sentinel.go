@@ -243,10 +243,20 @@ func (s *Sentinel) WaitReady(t testing.TB) {
 }
 
 // WaitReplicated waits until the replica has every write the current
-// master acknowledged (WAIT 1), so that a failover loses nothing.
+// master acknowledged, so that a failover loses nothing. WAIT counts only
+// its own connection's writes, so it follows a write of its own: the
+// replica applies the stream in order. (A master that has just synced a
+// replica streams to it only after the replica's first ACK, up to a second
+// later.)
 func (s *Sentinel) WaitReplicated(t testing.TB) {
 	t.Helper()
-	n, err := s.client(s.MasterAddr(t)).Do(context.Background(), "WAIT", 1, 5000).Int()
+	ctx := context.Background()
+	conn := s.client(s.MasterAddr(t)).Conn()
+	defer conn.Close()
+	if err := conn.Set(ctx, "testredis:replicated", time.Now().UnixNano(), 0).Err(); err != nil {
+		t.Fatalf("testredis: writing on the master: %v", err)
+	}
+	n, err := conn.Wait(ctx, 1, 5*time.Second).Result()
 	if err != nil || n < 1 {
 		t.Fatalf("testredis: WAIT 1 on the master = %d, %v", n, err)
 	}
