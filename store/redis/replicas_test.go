@@ -378,3 +378,35 @@ func waitCalls(t *testing.T, node *goredis.Client) int64 {
 	}
 	return 0
 }
+
+// The cost of min_replicas 1, side by side with 0, on one master and its
+// replica: a new key (the claim and the completion of a 1 KiB response,
+// each followed by a WAIT) and a replay (no WAIT).
+func BenchmarkMinReplicas(b *testing.B) {
+	sg := testredis.StartSentinel(b)
+	for _, n := range []int{0, 1} {
+		var s *Store
+		if n == 0 {
+			s = openSentinel(b, sg, "bench")
+		} else {
+			s = openReplicated(b, sg, "bench")
+		}
+		rec := &store.Record{Status: 200, Body: []byte(strings.Repeat("x", 1024))}
+		b.Run(fmt.Sprintf("new_key/min_replicas=%d", n), func(b *testing.B) {
+			ctx, c := context.Background(), claim()
+			b.ReportAllocs()
+			for b.Loop() {
+				k := storetest.NewKey()
+				if _, err := s.Acquire(ctx, k, c); err != nil {
+					b.Fatal(err)
+				}
+				if err := s.Complete(ctx, k, c, rec, time.Minute); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run(fmt.Sprintf("replay/min_replicas=%d", n), func(b *testing.B) {
+			storetest.BenchmarkReplay(b, s, rec)
+		})
+	}
+}
