@@ -57,7 +57,7 @@ func provisionErr(t *testing.T, s *Store) error {
 // A server that refuses WAIT (as some managed services do), or that has
 // fewer replicas than min_replicas, is a config error when it answers at
 // provisioning, not a silent downgrade.
-func TestMinReplicasRefusedAtProvision(t *testing.T) {
+func TestMinReplicasRefused(t *testing.T) {
 	noWait := testredis.StartWith(t, "--rename-command", "WAIT", "")
 	err := provisionErr(t, &Store{Addresses: []string{noWait.Addr()}, MinReplicas: 1})
 	if err == nil || !strings.Contains(err.Error(), "min_replicas") || !strings.Contains(err.Error(), "unknown command") {
@@ -70,6 +70,27 @@ func TestMinReplicasRefusedAtProvision(t *testing.T) {
 	}
 	// Without min_replicas, the same server is fine.
 	storetest.Provision(t, &Store{Addresses: []string{alone.Addr()}})
+
+	// Down at provisioning: Caddy starts, and the first claim says why it
+	// fails once the server answers.
+	alone.Kill()
+	s := storetest.Provision(t, failFast(&Store{Addresses: []string{alone.Addr()}, MinReplicas: 1}))
+	alone.Restart(t)
+	k := storetest.NewKey()
+	rec, err := s.Acquire(context.Background(), k, claim())
+	if !errors.Is(err, store.ErrUnavailable) || !strings.Contains(err.Error(), "too few replicas: 0 of 1 acknowledged the claim") || rec != nil {
+		t.Fatalf("the first claim on a server without replicas = %+v, %v; want too few replicas", rec, err)
+	}
+	if n, _ := alone.Client().Exists(context.Background(), s.key(k)).Result(); n != 0 {
+		t.Error("the refused claim stayed")
+	}
+	noWait.Kill()
+	s = storetest.Provision(t, failFast(&Store{Addresses: []string{noWait.Addr()}, MinReplicas: 1}))
+	noWait.Restart(t)
+	rec, err = s.Acquire(context.Background(), storetest.NewKey(), claim())
+	if !errors.Is(err, store.ErrUnavailable) || !strings.Contains(err.Error(), "the server must accept WAIT") || rec != nil {
+		t.Fatalf("the first claim on a server without WAIT = %+v, %v; want the refusal", rec, err)
+	}
 }
 
 // openReplicated is a Sentinel-followed store with min_replicas 1.
@@ -409,4 +430,46 @@ func BenchmarkMinReplicas(b *testing.B) {
 			storetest.BenchmarkReplay(b, s, rec)
 		})
 	}
+}
+
+// A completion made while the replication link is cut is kept on the
+// master and resent; the master dies before the replica has it, and the
+// promoted replica holds only the owner's claim. The resend stores the
+// completion there, so the retry is replayed instead of waiting for the
+// lease to pass and running again.
+func TestMinReplicasCompletionResentAfterFailover(t *testing.T) {
+	var link *faultproxy.Proxy
+	sg := testredis.StartSentinelWith(t, testredis.SentinelOptions{
+		FailoverTimeout: time.Minute,
+		ReplicaSource: func(master string) string {
+			link = faultproxy.Start(t, master)
+			return link.Addr()
+		},
+	})
+	s := openReplicated(t, sg, "resent")
+	lookup := openSentinel(t, sg, "resent")
+	ctx := context.Background()
+
+	k := storetest.NewKey()
+	c := mustClaimKey(t, s, k)
+	link.Blackhole(true)
+	if err := s.Complete(ctx, k, c, testRecord("kept"), time.Minute); err != nil {
+		t.Fatalf("Complete with the link cut = %v, want the completion kept", err)
+	}
+	old := sg.KillMaster(t)
+	killedAt := time.Now()
+	sg.WaitFailover(t, old, 15*time.Second)
+
+	var rec *store.Record
+	var err error
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		rec, err = lookup.Acquire(ctx, k, claim())
+		if err == nil && rec != nil && rec.State == store.Completed {
+			break
+		}
+	}
+	if err != nil || rec == nil || rec.State != store.Completed || string(rec.Body) != "kept" {
+		t.Fatalf("the key on the new master = %+v, %v; want the completion resent", rec, err)
+	}
+	t.Logf("the completion reached the new master %v after the kill", time.Since(killedAt).Round(time.Millisecond))
 }
