@@ -4,9 +4,11 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/caddy-idempotency/caddy-idempotency/internal/faultproxy"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/testredis"
 )
 
@@ -57,4 +59,120 @@ func TestRedisMinReplicasPausedReplica(t *testing.T) {
 	wantCount(t, "upstream runs of before", u.starts("before"), 1)
 	t.Logf("with the replica paused: 5 new keys answered 503 (slowest %v), none ran; a replay took %v; a new key ran %v after SIGCONT",
 		slowest.Round(time.Millisecond), replay.Round(time.Millisecond), time.Since(resumed).Round(time.Millisecond))
+}
+
+// The blackholed-link Sentinel failover behind two Caddys on one Sentinel
+// group, one with the default min_replicas 0 and one with min_replicas 1:
+// clients send new keys throughout; the replication link is cut, then the
+// master killed, and Sentinel promotes the replica. Every key answered 201
+// before the kill is retried: a retry the upstream runs again is a double
+// execution. The default has them; min_replicas 1 has none (its requests
+// while the link was cut got 503 instead).
+func TestRedisMinReplicasFailover(t *testing.T) {
+	t.Parallel()
+	var link *faultproxy.Proxy
+	sg := testredis.StartSentinelWith(t, testredis.SentinelOptions{
+		FailoverTimeout: time.Minute,
+		ReplicaSource: func(master string) string {
+			link = faultproxy.Start(t, master)
+			return link.Addr()
+		},
+	})
+	sg.WaitReplicated(t)
+	u := startUpstream(t)
+	store := func(n int) string {
+		return fmt.Sprintf(`store redis {
+		address %s
+		master_name %s
+		key_prefix min%d
+		min_replicas %d
+		dial_timeout 200ms
+		read_timeout 300ms
+		write_timeout 300ms
+	}`, strings.Join(sg.SentinelAddrs(), " "), sg.MasterName(), n, n)
+	}
+	caddys := []*caddyProc{startCaddy(t, "min0", proxySite(u, store(0))), startCaddy(t, "min1", proxySite(u, store(1)))}
+	cl := newClient(t)
+	mk := func(i int, key string) *http.Request {
+		return req(http.MethodPost, caddys[i].URL+"/orders", key, []byte(`{"sku":"tea"}`))
+	}
+
+	type answered struct {
+		key string
+		at  time.Time
+	}
+	var (
+		mu      sync.Mutex
+		created [2][]answered
+		refused [2]int
+		stop    = make(chan struct{})
+		wg      sync.WaitGroup
+	)
+	for i := range caddys {
+		for w := range 2 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for n := 0; ; n++ {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					key := fmt.Sprintf("c%d-w%d-%d", i, w, n)
+					res, err := do(cl, mk(i, key))
+					mu.Lock()
+					switch {
+					case err != nil:
+					case res.Status == http.StatusCreated:
+						created[i] = append(created[i], answered{key, time.Now()})
+					case res.Status == http.StatusServiceUnavailable:
+						refused[i]++
+					}
+					mu.Unlock()
+				}
+			}()
+		}
+	}
+	time.Sleep(500 * time.Millisecond)
+	link.Blackhole(true)
+	time.Sleep(500 * time.Millisecond)
+	old := sg.KillMaster(t)
+	killedAt := time.Now()
+	sg.WaitFailover(t, old, 15*time.Second)
+	close(stop)
+	wg.Wait()
+	// The default Caddy answers again once it follows the new master.
+	if !eventually(10*time.Second, 50*time.Millisecond, func() bool {
+		r, err := do(cl, mk(0, fmt.Sprintf("probe-%d", time.Now().UnixNano())))
+		return err == nil && r.Status == http.StatusCreated
+	}) {
+		t.Fatal("the default Caddy did not recover within 10s of the failover")
+	}
+
+	var double, notReplayed [2]int
+	for i := range caddys {
+		for _, a := range created[i] {
+			if a.at.After(killedAt) {
+				continue
+			}
+			res, _ := retryUntilSettled(t, cl, func() *http.Request { return mk(i, a.key) }, 5*time.Second)
+			if !res.replayed() {
+				notReplayed[i]++
+			}
+			if u.starts(a.key) > 1 {
+				double[i]++
+			}
+		}
+	}
+	for i, name := range []string{"min_replicas 0", "min_replicas 1"} {
+		t.Logf("%s: %d keys answered 201 before the kill; their retries: %d ran a second time, %d were not replays; %d requests got 503",
+			name, len(created[i]), double[i], notReplayed[i], refused[i])
+	}
+	if double[0] == 0 {
+		t.Error("the default ran no key twice: the failover did not happen under traffic, and the test proves nothing")
+	}
+	if double[1] != 0 || notReplayed[1] != 0 {
+		t.Errorf("with min_replicas 1, %d keys ran twice and %d retries were not replays", double[1], notReplayed[1])
+	}
 }
