@@ -43,24 +43,13 @@ var errTooFewReplicas = errors.New("too few replicas")
 // replication waits for min_replicas replicas after each claim and
 // completion, and sends again the completions they missed.
 type replication struct {
-	want       int
-	timeout    time.Duration
-	client     goredis.UniversalClient
-	shortfalls [3]prometheus.Counter // claim, completion, completion_abandoned
-	logger     *zap.Logger
-	retries    chan resend
-}
-
-// resend is a completion that too few replicas acknowledged, to be written
-// again (the same record, by the same owner) until they do or deadline,
-// the end of the claim's lease, passes: after that the replicas' copy of
-// the claim has expired anyway.
-type resend struct {
-	key      string
-	owner    []byte // the claim's owner prefix
-	record   []byte // the completed record, a copy
-	expires  time.Time
-	deadline time.Time
+	want    int
+	timeout time.Duration
+	client  goredis.UniversalClient
+	// The replicaShortfalls of this store, by write.
+	shortClaims, shortCompletions, abandoned prometheus.Counter
+	logger                                   *zap.Logger
+	retries                                  chan resend
 }
 
 func newReplication(ctx context.Context, want int, timeout time.Duration, client goredis.UniversalClient, name string, reg *prometheus.Registry, logger *zap.Logger) (*replication, error) {
@@ -69,9 +58,12 @@ func newReplication(ctx context.Context, want int, timeout time.Duration, client
 			return nil, fmt.Errorf("registering metrics: %w", err)
 		}
 	}
-	r := &replication{want: want, timeout: timeout, client: client, logger: logger, retries: make(chan resend, retryCompletions)}
-	for i, write := range []string{"claim", "completion", "completion_abandoned"} {
-		r.shortfalls[i] = replicaShortfalls.WithLabelValues(name, write)
+	r := &replication{
+		want: want, timeout: timeout, client: client, logger: logger,
+		shortClaims:      replicaShortfalls.WithLabelValues(name, "claim"),
+		shortCompletions: replicaShortfalls.WithLabelValues(name, "completion"),
+		abandoned:        replicaShortfalls.WithLabelValues(name, "completion_abandoned"),
+		retries:          make(chan resend, retryCompletions),
 	}
 	go r.run(ctx)
 	return r, nil
@@ -234,7 +226,7 @@ func (r *replication) claimed(ctx context.Context, conn *goredis.Conn, release f
 		return nil
 	}
 	if err == nil {
-		r.shortfalls[0].Inc()
+		r.shortClaims.Inc()
 		err = fmt.Errorf("%w: %d of %d acknowledged the claim within %v", errTooFewReplicas, n, r.want, r.timeout)
 	} else {
 		err = fmt.Errorf("waiting for min_replicas (the server must accept WAIT): %w", err)
@@ -253,19 +245,10 @@ func (r *replication) short(wait *goredis.IntCmd) bool {
 	if err == nil && int(n) >= r.want {
 		return false
 	}
-	r.shortfalls[1].Inc()
+	r.shortCompletions.Inc()
 	r.logger.Warn("too few replicas acknowledged a completion; sending it again while the lease lasts",
 		zap.Int64("acknowledged", n), zap.Int("min_replicas", r.want), zap.Error(err))
 	return true
-}
-
-// retry queues rs to be sent again.
-func (r *replication) retry(rs resend) {
-	select {
-	case r.retries <- rs:
-	default:
-		r.abandon(1, "too many completions wait for the replicas")
-	}
 }
 
 // queueWait adds a WAIT to p, whose reply is read within read_timeout
@@ -274,96 +257,4 @@ func (r *replication) queueWait(ctx context.Context, p goredis.Pipeliner) *gored
 	cmd := goredis.NewIntCmd(ctx, "wait", r.want, millis(r.timeout))
 	_ = p.Process(ctx, cmd)
 	return cmd
-}
-
-func (r *replication) abandon(n int, why string) {
-	r.shortfalls[2].Add(float64(n))
-	r.logger.Error("gave up sending completions to the replicas; a failover before they catch up may lose them, and their retries run again",
-		zap.Int("completions", n), zap.String("reason", why))
-}
-
-// run sends the completions that the replicas missed again, every
-// replica_timeout, until the config's context ends.
-func (r *replication) run(ctx context.Context) {
-	tick := time.NewTicker(max(r.timeout, 50*time.Millisecond))
-	defer tick.Stop()
-	var pending []resend
-	for {
-		select {
-		case <-ctx.Done():
-			if len(pending) > 0 {
-				r.abandon(len(pending), "the config was unloaded")
-			}
-			return
-		case rs := <-r.retries:
-			pending = append(pending, rs)
-			continue
-		case <-tick.C:
-		}
-		if len(pending) > 0 {
-			pending = r.resendAll(ctx, pending)
-		}
-	}
-}
-
-// resendScript writes the completed record again if the key still holds
-// it, or still holds the owner's claim (a failover lost the completion but
-// kept the claim): a write on this connection for WAIT to count.
-var resendScript = goredis.NewScript(`
-local head = redis.call('GETRANGE', KEYS[1], 0, #ARGV[1] - 1)
-if head ~= ARGV[1] and head ~= string.sub(ARGV[2], 1, #ARGV[1]) then return 0 end
-redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-return 1
-`)
-
-// resendAll writes each pending completion again on its master, then
-// waits once per master, and returns those still short of replicas.
-func (r *replication) resendAll(ctx context.Context, pending []resend) []resend {
-	now := now()
-	byNode := make(map[*goredis.Client][]resend)
-	kept := pending[:0]
-	late := 0
-	for _, rs := range pending {
-		if now.After(rs.deadline) || now.After(rs.expires) {
-			late++
-			continue
-		}
-		node, err := r.master(ctx, rs.key)
-		if err != nil {
-			kept = append(kept, rs)
-			continue
-		}
-		byNode[node] = append(byNode[node], rs)
-	}
-	if late > 0 {
-		r.abandon(late, "the lease passed")
-	}
-	for node, group := range byNode {
-		callCtx, cancel := context.WithTimeout(ctx, 2*r.timeout+time.Second)
-		var wait *goredis.IntCmd
-		results := make([]*goredis.Cmd, len(group))
-		conn := node.Conn()
-		_, _ = conn.Pipelined(callCtx, func(p goredis.Pipeliner) error {
-			for i, rs := range group {
-				results[i] = resendScript.Eval(callCtx, p, []string{rs.key}, rs.owner, rs.record, millis(rs.expires.Sub(now)))
-			}
-			wait = r.queueWait(callCtx, p)
-			return nil
-		})
-		_ = conn.Close()
-		cancel()
-		n, werr := wait.Result()
-		for i, rs := range group {
-			written, err := results[i].Int64()
-			switch {
-			case err == nil && written == 0:
-				// Purged, expired or taken over: nothing left to protect.
-			case err == nil && werr == nil && int(n) >= r.want:
-				r.logger.Info("the replicas have a completion they had missed")
-			default:
-				kept = append(kept, rs)
-			}
-		}
-	}
-	return kept
 }

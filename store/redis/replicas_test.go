@@ -124,7 +124,7 @@ func TestMinReplicasWithdrawsUnacknowledgedClaim(t *testing.T) {
 	s := openReplicated(t, sg, "withdraw")
 	ctx := context.Background()
 	master, replica := sg.Client(sg.InitialMasterAddr()), sg.Client(sg.InitialReplicaAddr())
-	before := testutil.ToFloat64(s.replicas.shortfalls[0])
+	before := testutil.ToFloat64(s.replicas.shortClaims)
 
 	link.Blackhole(true)
 	k := storetest.NewKey()
@@ -140,7 +140,7 @@ func TestMinReplicasWithdrawsUnacknowledgedClaim(t *testing.T) {
 	if n, err := master.Exists(ctx, s.key(k)).Result(); err != nil || n != 0 {
 		t.Errorf("the refused claim is still on the master: %d, %v; want it withdrawn", n, err)
 	}
-	if got := testutil.ToFloat64(s.replicas.shortfalls[0]) - before; got != 1 {
+	if got := testutil.ToFloat64(s.replicas.shortClaims) - before; got != 1 {
 		t.Errorf("claim shortfalls counted %v, want 1", got)
 	}
 
@@ -184,7 +184,7 @@ func TestMinReplicasPausedReplica(t *testing.T) {
 	if err := s.Complete(ctx, done, cd, testRecord("before"), time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	completions := testutil.ToFloat64(s.replicas.shortfalls[1])
+	completions := testutil.ToFloat64(s.replicas.shortCompletions)
 
 	sg.Pause(t, sg.InitialReplicaAddr())
 	for range 5 {
@@ -209,7 +209,7 @@ func TestMinReplicasPausedReplica(t *testing.T) {
 	if err := s.Complete(ctx, inFlight, ci, testRecord("during"), time.Minute); err != nil {
 		t.Fatalf("Complete with the replica paused = %v, want the completion kept", err)
 	}
-	if got := testutil.ToFloat64(s.replicas.shortfalls[1]) - completions; got != 1 {
+	if got := testutil.ToFloat64(s.replicas.shortCompletions) - completions; got != 1 {
 		t.Errorf("completion shortfalls counted %v, want 1", got)
 	}
 	wantStoredRecord(t, s, inFlight, store.Completed, "during", store.Token{})
