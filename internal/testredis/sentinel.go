@@ -253,7 +253,11 @@ func (s *Sentinel) WaitReplicated(t testing.TB) {
 	ctx := context.Background()
 	conn := s.client(s.MasterAddr(t)).Conn()
 	defer conn.Close()
-	if err := conn.Set(ctx, "testredis:replicated", time.Now().UnixNano(), 0).Err(); err != nil {
+	// Written and deleted, so that it leaves no key behind.
+	if err := conn.Set(ctx, "testredis:replicated", 1, 0).Err(); err != nil {
+		t.Fatalf("testredis: writing on the master: %v", err)
+	}
+	if err := conn.Del(ctx, "testredis:replicated").Err(); err != nil {
 		t.Fatalf("testredis: writing on the master: %v", err)
 	}
 	n, err := conn.Wait(ctx, 1, 5*time.Second).Result()
