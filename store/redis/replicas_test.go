@@ -473,3 +473,26 @@ func TestMinReplicasCompletionResentAfterFailover(t *testing.T) {
 	}
 	t.Logf("the completion reached the new master %v after the kill", time.Since(killedAt).Round(time.Millisecond))
 }
+
+// A master that lost its scripts (SCRIPT FLUSH here; a restarted or newly
+// promoted master alike) answers the pipelined EVALSHA with NOSCRIPT: the
+// completion is sent again with EVAL, and its WAIT with it.
+func TestMinReplicasCompleteAfterScriptFlush(t *testing.T) {
+	sg := testredis.StartSentinel(t)
+	s := openReplicated(t, sg, "noscript")
+	ctx := context.Background()
+	master, replica := sg.Client(sg.InitialMasterAddr()), sg.Client(sg.InitialReplicaAddr())
+	for i := range 2 {
+		if err := master.ScriptFlush(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		k := storetest.NewKey()
+		c := mustClaimKey(t, s, k)
+		if err := s.Complete(ctx, k, c, testRecord(fmt.Sprint(i)), time.Minute); err != nil {
+			t.Fatalf("Complete after SCRIPT FLUSH: %v", err)
+		}
+		if v, err := replica.Get(ctx, s.key(k)).Bytes(); err != nil || store.Encoded(v).State() != store.Completed {
+			t.Fatalf("the completion is not on the replica when Complete returns: %v", err)
+		}
+	}
+}
