@@ -79,6 +79,11 @@ func (r *replication) check(ctx context.Context) (reachable bool, err error) {
 		if err := c.Do(ctx, "wait", 0, 0).Err(); err != nil {
 			return err
 		}
+		// Loaded now, a completion's EVALSHA finds its script: a NOSCRIPT
+		// costs the pipeline a second try, and its WAIT, too.
+		if err := completeScript.Load(ctx, c).Err(); err != nil {
+			return err
+		}
 		info, err := c.Info(ctx, "replication").Result()
 		if err != nil {
 			return err

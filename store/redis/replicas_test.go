@@ -97,10 +97,14 @@ func TestMinReplicasRefused(t *testing.T) {
 func openReplicated(t testing.TB, sg *testredis.Sentinel, prefix string) *Store {
 	t.Helper()
 	sg.WaitReplicated(t) // the replica may still be syncing
-	return storetest.Provision(t, failFast(&Store{
+	// A pipeline's WAIT is read within read_timeout: room for a loaded
+	// machine.
+	s := failFast(&Store{
 		Addresses: sg.SentinelAddrs(), MasterName: sg.MasterName(), KeyPrefix: prefix,
 		MinReplicas: 1, ReplicaTimeout: caddy.Duration(100 * time.Millisecond),
-	}))
+	})
+	s.ReadTimeout = caddy.Duration(500 * time.Millisecond)
+	return storetest.Provision(t, s)
 }
 
 func TestMinReplicasContract(t *testing.T) {
