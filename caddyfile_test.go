@@ -290,6 +290,8 @@ func TestAdaptEveryStore(t *testing.T) {
 			read_timeout 250ms
 			write_timeout 250ms
 			pool_size    64
+			min_replicas 1
+			replica_timeout 50ms
 		}`, `{
 										"addresses": [
 											"10.0.0.1:26379",
@@ -297,9 +299,11 @@ func TestAdaptEveryStore(t *testing.T) {
 										],
 										"dial_timeout": 500000000,
 										"master_name": "mymaster",
+										"min_replicas": 1,
 										"module": "redis",
 										"pool_size": 64,
 										"read_timeout": 250000000,
+										"replica_timeout": 50000000,
 										"write_timeout": 250000000
 									}`},
 		{"file", `store file {
@@ -314,12 +318,14 @@ func TestAdaptEveryStore(t *testing.T) {
 			schema       gateway
 			max_conns    8
 			create_table off
+			synchronous_commit remote_write
 		}`, `{
 										"create_table": false,
 										"dsn": "{env.DATABASE_URL}",
 										"max_conns": 8,
 										"module": "postgres",
 										"schema": "gateway",
+										"synchronous_commit": "remote_write",
 										"table": "api_idempotency"
 									}`},
 	} {

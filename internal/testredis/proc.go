@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -65,6 +66,16 @@ func (p *proc) kill() {
 	}
 	p.process.Kill()
 	p.process = nil
+}
+
+// signal sends sig to the process, if it still runs.
+func (p *proc) signal(sig syscall.Signal) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.process == nil {
+		return fmt.Errorf("process on port %d was killed", p.port)
+	}
+	return syscall.Kill(p.process.Pid(), sig)
 }
 
 func (p *proc) alive() bool {

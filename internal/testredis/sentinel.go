@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -242,10 +243,24 @@ func (s *Sentinel) WaitReady(t testing.TB) {
 }
 
 // WaitReplicated waits until the replica has every write the current
-// master acknowledged (WAIT 1), so that a failover loses nothing.
+// master acknowledged, so that a failover loses nothing. WAIT counts only
+// its own connection's writes, so it follows a write of its own: the
+// replica applies the stream in order. (A master that has just synced a
+// replica streams to it only after the replica's first ACK, up to a second
+// later.)
 func (s *Sentinel) WaitReplicated(t testing.TB) {
 	t.Helper()
-	n, err := s.client(s.MasterAddr(t)).Do(context.Background(), "WAIT", 1, 5000).Int()
+	ctx := context.Background()
+	conn := s.client(s.MasterAddr(t)).Conn()
+	defer conn.Close()
+	// Written and deleted, so that it leaves no key behind.
+	if err := conn.Set(ctx, "testredis:replicated", 1, 0).Err(); err != nil {
+		t.Fatalf("testredis: writing on the master: %v", err)
+	}
+	if err := conn.Del(ctx, "testredis:replicated").Err(); err != nil {
+		t.Fatalf("testredis: writing on the master: %v", err)
+	}
+	n, err := conn.Wait(ctx, 1, 5*time.Second).Result()
 	if err != nil || n < 1 {
 		t.Fatalf("testredis: WAIT 1 on the master = %d, %v", n, err)
 	}
@@ -300,6 +315,41 @@ func (s *Sentinel) WaitFailover(t testing.TB, old string, timeout time.Duration)
 		return nil
 	})
 	return addr
+}
+
+// Pause stops the data node at addr with SIGSTOP: it keeps its
+// connections but answers nothing, like a stalled replica. Resume undoes
+// it; the test's end does too.
+func (s *Sentinel) Pause(t testing.TB, addr string) {
+	t.Helper()
+	s.signal(t, addr, syscall.SIGSTOP)
+	t.Cleanup(func() { _ = s.dataNode(addr).signal(syscall.SIGCONT) })
+}
+
+// Resume continues a paused data node with SIGCONT.
+func (s *Sentinel) Resume(t testing.TB, addr string) {
+	t.Helper()
+	s.signal(t, addr, syscall.SIGCONT)
+}
+
+func (s *Sentinel) signal(t testing.TB, addr string, sig syscall.Signal) {
+	t.Helper()
+	p := s.dataNode(addr)
+	if p == nil {
+		t.Fatalf("testredis: %s is not one of the data nodes", addr)
+	}
+	if err := p.signal(sig); err != nil {
+		t.Fatalf("testredis: signalling %s: %v", addr, err)
+	}
+}
+
+func (s *Sentinel) dataNode(addr string) *proc {
+	for _, p := range s.data {
+		if p != nil && p.addr() == addr {
+			return p
+		}
+	}
+	return nil
 }
 
 func (s *Sentinel) close() {

@@ -22,6 +22,7 @@ type Server struct {
 	bin  string
 	dir  string
 	port int
+	args []string
 
 	mu     sync.Mutex
 	node   *proc // nil once killed
@@ -33,7 +34,14 @@ type Server struct {
 // fails the test rather than skipping it: a skipped store test looks green.
 func Start(t testing.TB) *Server {
 	t.Helper()
-	s := &Server{bin: lookBin(t, "redis-server"), dir: t.TempDir()}
+	return StartWith(t)
+}
+
+// StartWith is Start with more redis-server arguments, such as
+// "--rename-command", "WAIT", "" to take a command away.
+func StartWith(t testing.TB, args ...string) *Server {
+	t.Helper()
+	s := &Server{bin: lookBin(t, "redis-server"), dir: t.TempDir(), args: args}
 	t.Cleanup(s.close)
 
 	if _, err := testproc.OnFreePort(func(port int) error { s.port = port; return s.start() }); err != nil {
@@ -112,7 +120,7 @@ func (s *Server) CommandStats(t testing.TB) map[string]int64 {
 
 // start runs the server on s.port and waits until it answers PING.
 func (s *Server) start() error {
-	node, err := startProc(s.bin, s.dir, s.port, serverArgs(s.dir, s.port)...)
+	node, err := startProc(s.bin, s.dir, s.port, serverArgs(s.dir, s.port, s.args...)...)
 	if err != nil {
 		return err
 	}

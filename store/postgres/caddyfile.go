@@ -16,6 +16,7 @@ import (
 //	    create_table on|off
 //	    name         <name>
 //	    local_cache  <size>
+//	    synchronous_commit on|off|local|remote_write|remote_apply
 //	}
 //
 // Each option may be given once; dsn is required.
@@ -40,6 +41,8 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			s.Name, err = cfarg.One(d, opt)
 		case "local_cache":
 			s.LocalCache, err = cfarg.Size(d, opt, 1<<62)
+		case "synchronous_commit":
+			s.SynchronousCommit, err = cfarg.OneOf(d, opt, synchronousCommitLevels[1:]...)
 		default:
 			err = cfarg.Unrecognized(d, opt)
 		}

@@ -26,6 +26,8 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 		{in: "postgres {\n dsn x\n local_cache lots\n}", wantErr: "local_cache: invalid size 'lots'"},
 		{in: "postgres {\n dsn x\n local_cache 0\n}", wantErr: "local_cache: invalid size '0'"},
 		{in: "postgres {\n dsn x\n local_cache 1MiB\n local_cache 2MiB\n}", wantErr: "local_cache already specified"},
+		{in: "postgres {\n dsn x\n synchronous_commit remote_apply\n}", want: Store{DSN: "x", SynchronousCommit: "remote_apply"}},
+		{in: "postgres {\n dsn x\n synchronous_commit always\n}", wantErr: "synchronous_commit: want on or off or local or remote_write or remote_apply, got 'always'"},
 		{in: `postgres`, wantErr: "dsn: a connection string is required"},
 		{in: `postgres postgres://db`, wantErr: "unexpected argument 'postgres://db'"},
 		{in: "postgres {\n dsn\n}", wantErr: "dsn: expected a value"},

@@ -20,6 +20,7 @@ import (
 	"math"
 	"net/url"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -90,6 +91,15 @@ type Store struct {
 	// down it is emptied and unused. Default: 0, no local tier.
 	LocalCache int64 `json:"local_cache,omitempty"`
 
+	// SynchronousCommit is the synchronous_commit setting of the store's
+	// connections: on, off, local, remote_write or remote_apply. With
+	// synchronous_standby_names set on the server, remote_write (or
+	// remote_apply) makes a claim and a completion wait until a
+	// synchronous standby has them, so that a failover to that standby
+	// loses neither; without it, every level but off waits for the local
+	// disk only. Default: the server's (on unless configured otherwise).
+	SynchronousCommit string `json:"synchronous_commit,omitempty"`
+
 	// Resolved at provisioning; the exported fields keep what was written.
 	dsn     string
 	schema  string
@@ -108,6 +118,10 @@ func (Store) CaddyModule() caddy.ModuleInfo {
 		New: func() caddy.Module { return new(Store) },
 	}
 }
+
+// synchronousCommitLevels are the values of synchronous_commit, "" for
+// the server's.
+var synchronousCommitLevels = []string{"", "on", "off", "local", "remote_write", "remote_apply"}
 
 // databases lets every configuration that asks for the same table share one
 // connection pool and one reaper, so a config reload neither drops nor
@@ -137,6 +151,11 @@ func (s *Store) Provision(ctx caddy.Context) error {
 	if s.MaxConns > 0 {
 		cfg.MaxConns = int32(s.MaxConns)
 	}
+	if s.SynchronousCommit != "" {
+		// A startup parameter: every connection of the pool runs under it,
+		// at no cost per statement.
+		cfg.ConnConfig.RuntimeParams["synchronous_commit"] = s.SynchronousCommit
+	}
 	create := s.CreateTable == nil || *s.CreateTable
 	losses, err := store.SubscriptionLosses(ctx.GetMetricsRegistry())
 	if err != nil {
@@ -162,7 +181,7 @@ func (s *Store) Provision(ctx caddy.Context) error {
 // databaseKey identifies the pool options without revealing them: the DSN
 // holds the password, so it is part of the key only through a hash.
 func (s *Store) databaseKey(create bool) string {
-	b, _ := json.Marshal([]any{s.dsn, s.schema, s.table, s.MaxConns, create})
+	b, _ := json.Marshal([]any{s.dsn, s.schema, s.table, s.MaxConns, create, s.SynchronousCommit})
 	sum := sha256.Sum256(b)
 	return "postgres:" + hex.EncodeToString(sum[:])
 }
@@ -183,6 +202,8 @@ func (s *Store) Validate() error {
 		return fmt.Errorf("max_conns %d is out of range", s.MaxConns)
 	case s.LocalCache < 0:
 		return fmt.Errorf("local_cache %d is negative", s.LocalCache)
+	case !slices.Contains(synchronousCommitLevels, s.SynchronousCommit):
+		return fmt.Errorf("synchronous_commit '%s' is not one of %s", s.SynchronousCommit, strings.Join(synchronousCommitLevels[1:], ", "))
 	}
 	return nil
 }
@@ -210,8 +231,8 @@ func (s *Store) Cleanup() error {
 // It has a value receiver so that printing a Store value is redacted too.
 func (s Store) String() string {
 	create := s.CreateTable == nil || *s.CreateTable
-	return fmt.Sprintf("postgres{name=%q dsn=%q schema=%q table=%q max_conns=%d create_table=%t local_cache=%d}",
-		s.Name, redactDSN(s.DSN), s.Schema, s.Table, s.MaxConns, create, s.LocalCache)
+	return fmt.Sprintf("postgres{name=%q dsn=%q schema=%q table=%q max_conns=%d create_table=%t local_cache=%d synchronous_commit=%q}",
+		s.Name, redactDSN(s.DSN), s.Schema, s.Table, s.MaxConns, create, s.LocalCache, s.SynchronousCommit)
 }
 
 // GoString keeps %#v from printing the password.

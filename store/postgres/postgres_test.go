@@ -121,6 +121,7 @@ func TestProvisionErrors(t *testing.T) {
 		{Store{DSN: "postgres://h/db", Table: strings.Repeat("t", 64)}, "longer than 63"},
 		{Store{DSN: "postgres://h/db", MaxConns: -1}, "max_conns -1"},
 		{Store{DSN: "postgres://h/db", LocalCache: -1}, "local_cache -1"},
+		{Store{DSN: "postgres://h/db", SynchronousCommit: "always"}, "synchronous_commit 'always' is not one of on, off, local, remote_write, remote_apply"},
 	} {
 		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 		err := tc.s.Provision(ctx)

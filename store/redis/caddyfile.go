@@ -22,6 +22,8 @@ import (
 //	    pool_size    <number>
 //	    name         <name>
 //	    local_cache  <size>
+//	    min_replicas <number>
+//	    replica_timeout <duration>
 //	}
 //
 // address may be repeated; every other option may be given once.
@@ -57,6 +59,10 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			s.Name, err = cfarg.One(d, opt)
 		case "local_cache":
 			s.LocalCache, err = cfarg.Size(d, opt, 1<<62)
+		case "min_replicas":
+			s.MinReplicas, err = cfarg.Count(d, opt, false)
+		case "replica_timeout":
+			s.ReplicaTimeout, err = cfarg.Duration(d, opt, true)
 		default:
 			err = cfarg.Unrecognized(d, opt)
 		}

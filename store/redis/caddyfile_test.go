@@ -31,11 +31,14 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 			pool_size 20
 			name "orders (eu)"
 			local_cache 64MiB
+			min_replicas 1
+			replica_timeout 50ms
 		}`, Store{
 			Name: "orders (eu)", Addresses: []string{"10.0.0.1:6379", "10.0.0.2:6379", "10.0.0.3:6379"}, MasterName: "mymaster",
 			Username: "idem", Password: "{env.REDIS_PASSWORD}", DB: 3, KeyPrefix: "shop", TLS: true,
 			DialTimeout: caddy.Duration(500 * time.Millisecond), ReadTimeout: caddy.Duration(time.Second),
 			WriteTimeout: caddy.Duration(2 * time.Second), PoolSize: 20, LocalCache: 64 << 20,
+			MinReplicas: 1, ReplicaTimeout: caddy.Duration(50 * time.Millisecond),
 		}},
 	} {
 		var got Store
@@ -66,6 +69,10 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 		{"redis {\n key_prefix a\n key_prefix b\n}", "key_prefix already specified"},
 		{"redis {\n local_cache lots\n}", "local_cache: invalid size 'lots'"},
 		{"redis {\n local_cache 0\n}", "local_cache: invalid size '0'"},
+		{"redis {\n min_replicas -1\n}", "min_replicas: '-1'"},
+		{"redis {\n min_replicas one\n}", "min_replicas: 'one'"},
+		{"redis {\n replica_timeout 0s\n}", "replica_timeout"},
+		{"redis {\n replica_timeout 1s 2s\n}", "replica_timeout: unexpected extra argument '2s'"},
 	} {
 		var s Store
 		err := s.UnmarshalCaddyfile(caddyfile.NewTestDispenser(tc.input))

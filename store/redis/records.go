@@ -1,6 +1,7 @@
 package redis
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"sync"
@@ -106,29 +107,66 @@ func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (*st
 	defer putBuffer(buf)
 	*buf = store.AppendClaim((*buf)[:0], c, c.CreatedAt)
 	cmd := goredis.NewStringCmd(ctx, "set", s.key(key), *buf, "nx", "px", millis(c.Lease), "get")
+	if s.replicas != nil {
+		return s.acquireReplicated(ctx, key, c, cmd, version)
+	}
 	_ = s.client.Process(ctx, cmd)
-	old, err := cmd.Bytes()
-	if errors.Is(err, goredis.Nil) {
+	rec, claimed, err := s.claimAnswer(cmd, c, version, key)
+	if claimed {
 		return nil, nil
 	}
+	return rec, err
+}
+
+// acquireReplicated is Acquire with min_replicas: cmd, the claim, runs on a
+// connection of the key's master, and only a claim is waited for.
+func (s *Store) acquireReplicated(ctx context.Context, key store.Key, c *store.Claim, cmd *goredis.StringCmd, version uint64) (*store.Record, error) {
+	conn, err := s.replicas.onMaster(ctx, cmd.Args()[1].(string), func(p goredis.Pipeliner, _ bool) goredis.Cmder {
+		_ = p.Process(ctx, cmd)
+		return cmd
+	})
 	if err != nil {
 		return nil, store.Unavailable("acquiring", err)
 	}
+	defer conn.Close()
+	rec, claimed, err := s.claimAnswer(cmd, c, version, key)
+	if !claimed {
+		return rec, err
+	}
+	err = s.replicas.claimed(ctx, conn, func() error {
+		return s.Release(context.WithoutCancel(ctx), key, c.Token)
+	})
+	if err != nil {
+		return nil, store.Unavailable("acquiring", err)
+	}
+	return nil, nil
+}
+
+// claimAnswer reads the answer of a claim's SET NX GET: claimed, or the
+// live record it found.
+func (s *Store) claimAnswer(cmd *goredis.StringCmd, c *store.Claim, version uint64, key store.Key) (*store.Record, bool, error) {
+	old, err := cmd.Bytes()
+	if errors.Is(err, goredis.Nil) {
+		return nil, true, nil
+	}
+	if err != nil {
+		return nil, false, store.Unavailable("acquiring", err)
+	}
 	rec, err := decode(old)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	// go-redis retries a command whose reply was lost; the record found may
 	// then be this very claim, stored by the first attempt.
 	if rec.State == store.InProgress && rec.Token == c.Token {
-		return nil, nil
+		return nil, true, nil
 	}
 	if s.tier != nil && rec.State == store.Completed {
 		// old is the command's own copy, which rec's body aliases and
 		// nothing writes to.
 		s.tier.Put(key, old, version)
 	}
-	return rec, nil
+	return rec, false, nil
 }
 
 func decode(b []byte) (*store.Record, error) {
@@ -160,7 +198,14 @@ func (s *Store) Complete(ctx context.Context, key store.Key, c *store.Claim, rec
 		*buf = store.AppendCompleted((*buf)[:0], c, &done)
 		blob = *buf
 	}
-	n, err := s.owned(completeScript.Run(ctx, s.client, []string{s.key(key)}, owner(c.Token), store.FlagsOffset, store.FlagWatched, blob, millis(ttl)), "completing")
+	keys, args := []string{s.key(key)}, []any{owner(c.Token), store.FlagsOffset, store.FlagWatched, blob, millis(ttl)}
+	var n int64
+	var err error
+	if s.replicas != nil {
+		n, err = s.completeReplicated(ctx, keys, args, done.ExpiresAt, c.Lease)
+	} else {
+		n, err = s.owned(completeScript.Run(ctx, s.client, keys, args...), "completing")
+	}
 	if err != nil || n == completedBefore {
 		return err
 	}
@@ -171,6 +216,43 @@ func (s *Store) Complete(ctx context.Context, key store.Key, c *store.Claim, rec
 		_ = s.announce(ctx, store.EventEnded, key)
 	}
 	return nil
+}
+
+// completeReplicated runs the completion script and a WAIT in one pipeline
+// on the key's master. A completion that too few replicas acknowledged is
+// kept, and sent again while the claim's lease lasts: until then, a
+// failover to a replica that has only the claim would answer retries with
+// 409, and after it run them again.
+func (s *Store) completeReplicated(ctx context.Context, keys []string, args []any, expires time.Time, lease time.Duration) (int64, error) {
+	var script *goredis.Cmd
+	var wait *goredis.IntCmd
+	conn, err := s.replicas.onMaster(ctx, keys[0], func(p goredis.Pipeliner, eval bool) goredis.Cmder {
+		if eval {
+			script = completeScript.Eval(ctx, p, keys, args...)
+		} else {
+			script = completeScript.EvalSha(ctx, p, keys, args...)
+		}
+		wait = s.replicas.queueWait(ctx, p)
+		return script
+	})
+	if err != nil {
+		return 0, store.Unavailable("completing", err)
+	}
+	_ = conn.Close()
+	n, err := s.owned(script, "completing")
+	if err != nil {
+		return n, err
+	}
+	if s.replicas.short(wait) {
+		s.replicas.retry(resend{
+			key:      keys[0],
+			owner:    args[0].([]byte),
+			record:   bytes.Clone(args[3].([]byte)),
+			expires:  expires,
+			deadline: now().Add(lease),
+		})
+	}
+	return n, nil
 }
 
 // Release deletes the claim held by token.

@@ -103,6 +103,21 @@ type Store struct {
 	// it is emptied and unused. Default: 0, no local tier.
 	LocalCache int64 `json:"local_cache,omitempty"`
 
+	// MinReplicas is how many replicas must have a claim before the request
+	// runs, and its completion after: the store sends WAIT on the
+	// connection that wrote, to the key's master. A claim that fewer
+	// acknowledge within replica_timeout is withdrawn and the request
+	// answered per on_store_error, so that no request runs on a claim a
+	// failover could lose; a completion is kept, counted and sent again
+	// while the claim's lease lasts. The server must accept WAIT and have
+	// that many replicas: provisioning fails otherwise. Default: 0, no
+	// waiting (Redis replicates asynchronously).
+	MinReplicas int `json:"min_replicas,omitempty"`
+
+	// ReplicaTimeout bounds each wait for min_replicas; it must be shorter
+	// than read_timeout. Default: 100ms.
+	ReplicaTimeout caddy.Duration `json:"replica_timeout,omitempty"`
+
 	// Resolved at provisioning; the exported fields keep what was written.
 	opts   goredis.UniversalOptions
 	prefix string
@@ -113,9 +128,10 @@ type Store struct {
 	poolKey     string
 	name        string // in the store registry
 	client      goredis.UniversalClient
-	events      *subscriber // the client's
-	channel     string      // this prefix's events channel
-	tier        *tier.Cache // nil without local_cache
+	events      *subscriber  // the client's
+	channel     string       // this prefix's events channel
+	tier        *tier.Cache  // nil without local_cache
+	replicas    *replication // nil without min_replicas
 	logger      *zap.Logger
 }
 
@@ -210,15 +226,39 @@ func (s *Store) Provision(ctx caddy.Context) error {
 	if err := store.Register(ctx.Context, store.Registration{Name: s.name, Module: "redis", Store: s}, records); err != nil {
 		return err // Caddy's call of Cleanup gives the client back
 	}
+	pingCtx, cancel := context.WithTimeout(ctx, provisionPing)
+	defer cancel()
+	if s.MinReplicas > 0 {
+		return s.provisionReplication(ctx, pingCtx)
+	}
 	if !loaded {
-		pingCtx, cancel := context.WithTimeout(ctx, provisionPing)
-		defer cancel()
 		if err := s.client.Ping(pingCtx).Err(); err != nil {
 			s.logger.Warn("redis is not answering; requests follow on_store_error until it does",
 				zap.Strings("addresses", addrs), zap.Error(err))
 		}
 	}
 	return nil
+}
+
+// provisionReplication sets up min_replicas, and checks at once that the
+// servers can give it, when they answer.
+func (s *Store) provisionReplication(ctx caddy.Context, checkCtx context.Context) error {
+	r, err := newReplication(ctx, s.MinReplicas, s.replicaTimeout(), s.client, s.name, ctx.GetMetricsRegistry(), s.logger)
+	if err != nil {
+		return err
+	}
+	s.replicas = r
+	if reachable, err := r.check(checkCtx); !reachable {
+		s.logger.Warn("redis is not answering; min_replicas is checked by the first claim, and requests follow on_store_error until then",
+			zap.Strings("addresses", s.opts.Addrs), zap.Error(err))
+	} else if err != nil {
+		return err
+	}
+	return nil
+}
+
+func (s *Store) replicaTimeout() time.Duration {
+	return cmp.Or(time.Duration(s.ReplicaTimeout), defaultReplicaTimeout)
 }
 
 // clientKey identifies the client options without revealing them: the
@@ -251,6 +291,13 @@ func (s *Store) Validate() error {
 		return fmt.Errorf("local_cache %d is negative", s.LocalCache)
 	case s.DialTimeout < 0 || s.ReadTimeout < 0 || s.WriteTimeout < 0:
 		return errors.New("dial_timeout, read_timeout and write_timeout must not be negative")
+	case s.MinReplicas < 0:
+		return fmt.Errorf("min_replicas %d is negative", s.MinReplicas)
+	case s.ReplicaTimeout < 0:
+		return fmt.Errorf("replica_timeout %v is negative", time.Duration(s.ReplicaTimeout))
+	case s.MinReplicas > 0 && s.replicaTimeout() >= s.opts.ReadTimeout:
+		// A WAIT in a pipeline is read within read_timeout.
+		return fmt.Errorf("replica_timeout %v must be shorter than read_timeout %v", s.replicaTimeout(), s.opts.ReadTimeout)
 	case strings.ContainsAny(s.prefix, "{}"):
 		// A brace would move the hash tag and split a key's slot choice.
 		return fmt.Errorf("key_prefix '%s' must not contain '{' or '}'", s.prefix)
@@ -284,8 +331,8 @@ func (s Store) String() string {
 	if s.Password != "" {
 		pw = "<redacted>"
 	}
-	return fmt.Sprintf("redis{addresses=%v master_name=%q username=%q password=%q db=%d key_prefix=%q tls=%t local_cache=%d}",
-		s.Addresses, s.MasterName, s.Username, pw, s.DB, s.KeyPrefix, s.TLS, s.LocalCache)
+	return fmt.Sprintf("redis{addresses=%v master_name=%q username=%q password=%q db=%d key_prefix=%q tls=%t local_cache=%d min_replicas=%d}",
+		s.Addresses, s.MasterName, s.Username, pw, s.DB, s.KeyPrefix, s.TLS, s.LocalCache, s.MinReplicas)
 }
 
 // GoString keeps %#v from printing the password.

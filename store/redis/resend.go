@@ -1,0 +1,129 @@
+package redis
+
+import (
+	"context"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+)
+
+// The completions that too few replicas acknowledged, written again until
+// they do (min_replicas).
+
+// resend is a completion that too few replicas acknowledged, to be written
+// again (the same record, by the same owner) until they do or deadline,
+// the end of the claim's lease, passes: after that the replicas' copy of
+// the claim has expired anyway.
+type resend struct {
+	key      string
+	owner    []byte // the claim's owner prefix
+	record   []byte // the completed record, a copy
+	expires  time.Time
+	deadline time.Time
+}
+
+// retry queues rs to be sent again.
+func (r *replication) retry(rs resend) {
+	select {
+	case r.retries <- rs:
+	default:
+		r.abandon(1, "too many completions wait for the replicas")
+	}
+}
+
+func (r *replication) abandon(n int, why string) {
+	r.abandoned.Add(float64(n))
+	r.logger.Error("gave up sending completions to the replicas; a failover before they catch up may lose them, and their retries run again",
+		zap.Int("completions", n), zap.String("reason", why))
+}
+
+// run sends the completions that the replicas missed again, every
+// replica_timeout, until the config's context ends.
+func (r *replication) run(ctx context.Context) {
+	tick := time.NewTicker(max(r.timeout, 50*time.Millisecond))
+	defer tick.Stop()
+	var pending []resend
+	for {
+		select {
+		case <-ctx.Done():
+			if len(pending) > 0 {
+				r.abandon(len(pending), "the config was unloaded")
+			}
+			return
+		case rs := <-r.retries:
+			if len(pending) >= retryCompletions {
+				r.abandon(1, "too many completions wait for the replicas")
+			} else {
+				pending = append(pending, rs)
+			}
+			continue
+		case <-tick.C:
+		}
+		if len(pending) > 0 {
+			pending = r.resendAll(ctx, pending)
+		}
+	}
+}
+
+// resendScript writes the completed record again if the key still holds
+// it, or still holds the owner's claim (a failover lost the completion but
+// kept the claim): a write on this connection for WAIT to count.
+var resendScript = goredis.NewScript(`
+local head = redis.call('GETRANGE', KEYS[1], 0, #ARGV[1] - 1)
+if head ~= ARGV[1] and head ~= string.sub(ARGV[2], 1, #ARGV[1]) then return 0 end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+return 1
+`)
+
+// resendAll writes each pending completion again on its master, then
+// waits once per master, and returns those still short of replicas.
+func (r *replication) resendAll(ctx context.Context, pending []resend) []resend {
+	now := now()
+	byNode := make(map[*goredis.Client][]resend)
+	kept := pending[:0]
+	late := 0
+	for _, rs := range pending {
+		if now.After(rs.deadline) || now.After(rs.expires) {
+			late++
+			continue
+		}
+		node, err := r.master(ctx, rs.key)
+		if err != nil {
+			kept = append(kept, rs)
+			continue
+		}
+		byNode[node] = append(byNode[node], rs)
+	}
+	if late > 0 {
+		r.abandon(late, "the lease passed")
+	}
+	for node, group := range byNode {
+		callCtx, cancel := context.WithTimeout(ctx, 2*r.timeout+time.Second)
+		var wait *goredis.IntCmd
+		results := make([]*goredis.Cmd, len(group))
+		conn := node.Conn()
+		_, _ = conn.Pipelined(callCtx, func(p goredis.Pipeliner) error {
+			for i, rs := range group {
+				results[i] = resendScript.Eval(callCtx, p, []string{rs.key}, rs.owner, rs.record, millis(rs.expires.Sub(now)))
+			}
+			wait = r.queueWait(callCtx, p)
+			return nil
+		})
+		_ = conn.Close()
+		cancel()
+		n, werr := wait.Result()
+		for i, rs := range group {
+			written, err := results[i].Int64()
+			switch {
+			case err == nil && written == 0:
+				// Purged, expired or taken over: nothing left to protect.
+			case err == nil && werr == nil && int(n) >= r.want:
+				r.logger.Info("the replicas have a completion they had missed")
+			default:
+				kept = append(kept, rs)
+			}
+		}
+	}
+	return kept
+}
