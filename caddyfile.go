@@ -48,6 +48,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		store_server_errors
 //		replay_header     <name>
 //		disable_metrics
+//		encryption_keys   <key...>
 //		store             <module> [{ ... }]
 //	}
 //
@@ -116,6 +117,9 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "store_server_errors":
 			err = cfarg.Flag(d, opt)
 			h.StoreServerErrors = true
+		case "encryption_keys":
+			// checked at provision, once placeholders are resolved
+			h.EncryptionKeys, err = cfarg.List(d, opt)
 		case "store":
 			err = h.unmarshalStore(d)
 		default:

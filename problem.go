@@ -94,6 +94,7 @@ type problems struct {
 	otherEndpoint, otherPayload    *problem
 	unreplayable, storeUnavailable *problem
 	outcomeUnknown                 *problem
+	unreadable                     *problem
 }
 
 func newProblems(header string, maxRequestBody int64) problems {
@@ -118,5 +119,7 @@ func newProblems(header string, maxRequestBody int64) problems {
 			"The request was not processed because its idempotency could not be guaranteed. Retry later with the same key.", 2),
 		outcomeUnknown: newProblem(502, "outcome-unknown", "The outcome of the request for this Idempotency-Key is unknown",
 			"The request with this key was sent to the server, which did not answer: it may have been carried out. Do not retry it; check whether it took effect before sending it again with a new key.", 0),
+		unreadable: newProblem(500, "unreadable-record", "The stored response for this Idempotency-Key cannot be read",
+			"The request with this key was processed, but its stored response cannot be decrypted by this server. It will not run again; do not resend it with a new key before checking whether it took effect.", 0),
 	}
 }
