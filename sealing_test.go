@@ -13,6 +13,8 @@ import (
 	"testing"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	goredis "github.com/redis/go-redis/v9"
@@ -346,5 +348,67 @@ func TestEncryptionKeysConfig(t *testing.T) {
 				t.Errorf("error %q prints a key", err)
 			}
 		}
+	}
+}
+
+// The option in both Caddyfile places, adapted to JSON, and inherited from
+// the app by the routes that set no keys of their own.
+func TestEncryptionKeysCaddyfileAndInheritance(t *testing.T) {
+	cfgJSON, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(`{
+	idempotency {
+		encryption_keys {env.IDEMPOTENCY_NEW} {file./run/secrets/old}
+	}
+}
+
+:8080 {
+	idempotency /own/* {
+		encryption_keys {env.ROUTE_KEY}
+	}
+	idempotency /inherit/*
+	respond "ok"
+}`), nil)
+	if err != nil {
+		t.Fatalf("adapting: %v", err)
+	}
+	for _, want := range []string{
+		`"idempotency":{"encryption_keys":["{env.IDEMPOTENCY_NEW}","{file./run/secrets/old}"]}`,
+		`"encryption_keys":["{env.ROUTE_KEY}"],"handler":"idempotency"`,
+	} {
+		if !strings.Contains(string(cfgJSON), want) {
+			t.Errorf("adapted config lacks %s:\n%s", want, cfgJSON)
+		}
+	}
+	d := caddyfile.NewTestDispenser(`idempotency {
+		encryption_keys
+	}`)
+	if err := new(Handler).UnmarshalCaddyfile(d); err == nil || !strings.Contains(err.Error(), "encryption_keys: expected at least one value") {
+		t.Errorf("encryption_keys without a key: %v", err)
+	}
+
+	appKeys, _ := json.Marshal([]string{sealKeyB, sealKeyA})
+	base, err := caddy.ProvisionContext(&caddy.Config{AppsRaw: caddy.ModuleMap{
+		"idempotency": json.RawMessage(`{"encryption_keys":` + string(appKeys) + `}`),
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	app, _ := newKeyring([]string{sealKeyB, sealKeyA})
+	own, _ := newKeyring([]string{sealKeyA})
+	for _, tc := range []struct {
+		keys []string
+		want []string
+	}{
+		{nil, app.ids()},
+		{[]string{sealKeyA}, own.ids()},
+	} {
+		ctx, cancel := caddy.NewContext(base)
+		h := Handler{EncryptionKeys: tc.keys, StoreRaw: storeConfigs[0].raw(t)}
+		if err := h.Provision(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if fmt.Sprint(h.keys.ids()) != fmt.Sprint(tc.want) {
+			t.Errorf("route with keys %d: key ids %v, want %v", len(tc.keys), h.keys.ids(), tc.want)
+		}
+		cancel()
 	}
 }
