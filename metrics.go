@@ -79,6 +79,9 @@ func newMetrics(reg *prometheus.Registry) (*metrics, error) {
 			return nil, err
 		}
 	}
+	for _, reason := range []string{"unknown_key", "authentication", "malformed"} {
+		collectors.unreadable.WithLabelValues(reason) // exported at 0, so rules see the first
+	}
 	m := new(metrics)
 	for r := range numResults {
 		m.results[r] = collectors.requests.WithLabelValues(results[r].label)
