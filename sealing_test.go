@@ -117,6 +117,25 @@ func rawStores(t *testing.T) []rawStore {
 			},
 		},
 		{
+			// the local tier holds sealed records and opens them per replay
+			name: "redis_cached",
+			raw:  json.RawMessage(`{"module":"redis","addresses":["` + srv.Addr() + `"],"key_prefix":"cached","local_cache":1048576}`),
+			dump: func(t *testing.T) []byte {
+				ctx := context.Background()
+				var all []byte
+				keys, err := srv.Client().Keys(ctx, "cached:*").Result()
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, k := range keys {
+					if v, err := srv.Client().Get(ctx, k).Bytes(); err == nil {
+						all = append(append(all, k...), v...)
+					}
+				}
+				return all
+			},
+		},
+		{
 			name: "postgres",
 			raw:  json.RawMessage(fmt.Sprintf(`{"module":"postgres","dsn":%s,"table":%q}`, dsn, table)),
 			dump: func(t *testing.T) []byte {
