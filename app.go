@@ -151,6 +151,9 @@ func (h *Handler) inherit(ctx caddy.Context) (shared store.Store, name string, e
 	if len(h.FingerprintHeaders) == 0 {
 		h.FingerprintHeaders = append([]string(nil), d.FingerprintHeaders...)
 	}
+	if len(h.EncryptionKeys) == 0 {
+		h.EncryptionKeys = append([]string(nil), d.EncryptionKeys...)
+	}
 	if h.TTL == 0 {
 		h.TTL = d.TTL
 	}

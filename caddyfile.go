@@ -50,6 +50,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		release_statuses  <status...>
 //		replay_header     <name>
 //		disable_metrics
+//		encryption_keys   <key...>
 //		store             <module> [{ ... }]
 //	}
 //
@@ -120,6 +121,9 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			h.StoreServerErrors = true
 		case "release_statuses":
 			h.ReleaseStatuses, err = unmarshalStatuses(d, opt)
+		case "encryption_keys":
+			// checked at provision, once placeholders are resolved
+			h.EncryptionKeys, err = cfarg.List(d, opt)
 		case "store":
 			err = h.unmarshalStore(d)
 		default:

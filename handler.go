@@ -162,6 +162,9 @@ func (h *Handler) answerFromRecord(w http.ResponseWriter, r *http.Request, repl 
 // acquireFailed answers a request whose claim the store could not take,
 // per on_store_error, and withdraws the claim in case it lands late.
 func (h *Handler) acquireFailed(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, next caddyhttp.Handler, key store.Key, tok store.Token, err error) error {
+	if u, ok := errors.AsType[*unreadableRecord](err); ok {
+		return h.refuseUnreadable(w, r, repl, key, u) // nothing was claimed
+	}
 	h.withdraw(detached(r.Context()), key, tok)
 	h.setResult(repl, resultError)
 	if h.OnStoreError == failOpen {

@@ -24,6 +24,8 @@ var collectors struct {
 	takeovers prometheus.Counter
 	waiting   prometheus.Gauge
 	storeErrs *prometheus.CounterVec
+	// unreadable counts sealed records refused (encryption_keys), by reason
+	unreadable *prometheus.CounterVec
 }
 
 func initCollectors() {
@@ -41,6 +43,10 @@ func initCollectors() {
 		Namespace: ns, Subsystem: sub, Name: "store_errors_total",
 		Help: "Idempotency store operations that failed because the store was unavailable.",
 	}, []string{"store", "operation"})
+	collectors.unreadable = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "unreadable_records_total",
+		Help: "Stored responses refused because no configured encryption key opens them (unknown_key), they fail authentication (authentication) or are malformed.",
+	}, []string{"reason"})
 	collectors.inFlight = prometheus.NewGauge(prometheus.GaugeOpts{
 		Namespace: ns, Subsystem: sub, Name: "in_flight_claims",
 		Help: "Claims held by requests running in this process.",
@@ -68,10 +74,13 @@ type metrics struct {
 func newMetrics(reg *prometheus.Registry) (*metrics, error) {
 	collectors.once.Do(initCollectors)
 	for _, c := range []prometheus.Collector{collectors.requests, collectors.storeOps, collectors.storeErrs,
-		collectors.inFlight, collectors.renewals, collectors.takeovers, collectors.waiting} {
+		collectors.inFlight, collectors.renewals, collectors.takeovers, collectors.waiting, collectors.unreadable} {
 		if err := reg.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
 			return nil, err
 		}
+	}
+	for _, reason := range []string{"unknown_key", "authentication", "malformed"} {
+		collectors.unreadable.WithLabelValues(reason) // exported at 0, so rules see the first
 	}
 	m := new(metrics)
 	for r := range numResults {
@@ -101,6 +110,12 @@ func (m *metrics) renewed() {
 func (m *metrics) tookOver() {
 	if m != nil {
 		collectors.takeovers.Inc()
+	}
+}
+
+func (m *metrics) unreadable(reason string) {
+	if m != nil {
+		collectors.unreadable.WithLabelValues(reason).Inc()
 	}
 }
 

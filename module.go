@@ -180,6 +180,14 @@ type Options struct {
 	// are otherwise exported on Caddy's metrics endpoint.
 	DisableMetrics bool `json:"disable_metrics,omitempty"`
 
+	// EncryptionKeys seal the stored responses' headers and body with
+	// AES-256-GCM: each is 32 bytes in base64, usually a placeholder
+	// resolved at provision ({env.IDEMPOTENCY_KEY},
+	// {file./run/secrets/idempotency}). The first seals new records; every
+	// one opens them, so a key is rotated by putting the new one first. A
+	// stored response that none opens is refused with 500, never run again.
+	EncryptionKeys []string `json:"encryption_keys,omitempty"`
+
 	// StoreRaw is the store backend, a module in the
 	// http.idempotency.stores namespace. Default: memory.
 	StoreRaw json.RawMessage `json:"store,omitempty" caddy:"namespace=http.idempotency.stores inline_key=module"`
@@ -200,6 +208,7 @@ type Handler struct {
 	payload  payload
 	problems problems
 	metrics  *metrics // nil when disabled
+	keys     *keyring // nil without encryption_keys
 	leases   *leases
 }
 
@@ -231,7 +240,15 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			return err
 		}
 	}
-	h.store = s
+	if h.keys, err = newKeyring(h.EncryptionKeys); err != nil {
+		return err
+	}
+	if h.keys != nil {
+		h.logger.Info("sealing stored responses", zap.Strings("key_ids", h.keys.ids()))
+	}
+	// Innermost: every store call sees sealed records, even without keys,
+	// so that a sealed record is never replayed as it is stored.
+	h.store = sealStore(s, h.keys)
 	h.notifier, _ = s.(store.Notifier)
 	h.holds = store.HoldsOf(s)
 	h.leases = newLeases(h)
@@ -239,7 +256,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		if h.metrics, err = newMetrics(ctx.GetMetricsRegistry()); err != nil {
 			return fmt.Errorf("registering metrics: %w", err)
 		}
-		h.store = instrument(s, storeName)
+		h.store = instrument(h.store, storeName)
 	}
 	// Outermost, so that the metrics time the store alone.
 	h.store = traceStore(h.store, s, storeName)

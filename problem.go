@@ -95,6 +95,7 @@ type problems struct {
 	unreplayable, storeUnavailable *problem
 	outcomeUnknown                 *problem
 	notAcceptable                  *problem
+	unreadable                     *problem
 }
 
 func newProblems(header string, maxRequestBody int64) problems {
@@ -121,5 +122,7 @@ func newProblems(header string, maxRequestBody int64) problems {
 			"The request with this key was sent to the server, which did not answer: it may have been carried out. Do not retry it; check whether it took effect before sending it again with a new key.", 0),
 		notAcceptable: newProblem(406, "not-acceptable", "The response for this Idempotency-Key is in an encoding this request does not accept",
 			"The request with this key was processed, and its response is stored in a content coding that cannot be decoded here. Retry with that coding in Accept-Encoding.", 0),
+		unreadable: newProblem(500, "unreadable-record", "The stored response for this Idempotency-Key cannot be read",
+			"The request with this key was processed, but its stored response cannot be decrypted by this server. It will not run again; do not resend it with a new key before checking whether it took effect.", 0),
 	}
 }

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -54,10 +55,28 @@ func Summarize(rec *Record) Summary {
 		Endpoint:       rec.Endpoint,
 		CreatedAt:      rec.CreatedAt,
 		Status:         rec.Status,
-		BodySize:       len(rec.Body),
+		BodySize:       bodySize(rec),
 		Truncated:      rec.Truncated,
 		OutcomeUnknown: rec.OutcomeUnknown,
 	}
+}
+
+// SealedHeader is the header under which the handler's encryption at
+// rest (encryption_keys) notes, in a completed record, that the record's
+// Body holds its response's headers and body sealed: "<format> <key id>
+// <body size>". No HTTP header can have this name.
+const SealedHeader = ":idempotency-sealed"
+
+// bodySize is the size of rec's response body, sealed or not.
+func bodySize(rec *Record) int {
+	if v := rec.Header[SealedHeader]; len(v) == 1 {
+		if i := strings.LastIndexByte(v[0], ' '); i >= 0 {
+			if n, err := strconv.Atoi(v[0][i+1:]); err == nil {
+				return n
+			}
+		}
+	}
+	return len(rec.Body)
 }
 
 // Entry is one record of a listing.
