@@ -197,6 +197,12 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, repl *caddy.Re
 		}
 	}()
 	err = next.ServeHTTP(rw, r.WithContext(ctx))
+	if err == nil && !rw.wroteHeader && ctx.Err() != nil {
+		// reverse_proxy before Caddy v2.11 returns nothing when its work is
+		// cancelled; write the 499 later ones do, or it would pass for an
+		// empty 200.
+		rw.WriteHeader(statusClientClosed)
+	}
 	h.leases.stop(run) // before finishing, so a last renewal cannot race the release
 	h.finish(after, key, c, rw, repl, err, false)
 	return err

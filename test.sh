@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Runs the whole test suite: vet, formatting, and every test with the race
-# detector, including the end-to-end tests of the xcaddy-built binary.
+# detector, including the end-to-end tests of the xcaddy-built binary on
+# the newest Caddy release the module supports and, for their core, the
+# oldest.
 # Installs the servers the tests start themselves (redis-server, PostgreSQL)
 # and promtool, which checks the alerting rules, when they are missing and
 # this runs as root on Debian/Ubuntu.
@@ -32,10 +34,26 @@ if ((${#missing[@]})); then
 	fi
 fi
 
+# The e2e tests build Caddy with the module at ../xcaddy.sh's release, the
+# newest supported, and run their core once more on the oldest, the one
+# go.mod requires. Build that one in its own process group while vet runs.
+oldest=$(go list -m -f '{{.Version}}' github.com/caddyserver/caddy/v2)
+bin=$(mktemp -d)
+set -m
+CADDY_VERSION=$oldest CADDY_OUT="$bin/caddy" ./xcaddy.sh >"$bin/build.log" 2>&1 &
+building=$!
+set +m
+trap 'kill -- -"$building" 2>/dev/null || true; rm -rf "$bin"' EXIT
+
 go vet ./...
 unformatted=$(gofmt -l .)
 if [ -n "$unformatted" ]; then
 	echo "test.sh: gofmt would change: $unformatted" >&2
 	exit 1
 fi
-go test -race -count=1 -timeout 20m ./...
+if ! wait "$building"; then
+	cat "$bin/build.log" >&2
+	echo "test.sh: building Caddy $oldest with the module failed" >&2
+	exit 1
+fi
+CADDY_BIN_OLDEST="$bin/caddy" go test -race -count=1 -timeout 20m ./...

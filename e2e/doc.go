@@ -5,4 +5,6 @@
 //
 // TestMain builds the binary once (../xcaddy.sh with CADDY_OUT); set
 // CADDY_BIN to the path of a binary built beforehand to skip the build.
+// TestCoreOnOldestCaddy runs the core tests again on the oldest supported
+// Caddy, from CADDY_BIN_OLDEST or built by the test.
 package e2e
