@@ -89,6 +89,7 @@ func (p *problem) write(w http.ResponseWriter) {
 // name the handler's configured key header.
 type problems struct {
 	missing, invalid, repeated     *problem
+	missingScope                   *problem
 	tooLarge                       *problem
 	outstanding                    *problem
 	otherEndpoint, otherPayload    *problem
@@ -104,6 +105,8 @@ func newProblems(header string, maxRequestBody int64) problems {
 			"The "+header+" header must be 1 to 255 visible ASCII characters, bare (without a comma) or as a quoted string.", 0),
 		repeated: newProblem(400, "invalid-key", "Idempotency-Key is invalid",
 			"The "+header+" header must appear exactly once.", 0),
+		missingScope: newProblem(401, "missing-scope", "The caller of this Idempotency-Key is unknown",
+			"Idempotency keys are kept per caller, and this request names none. Authenticate and retry with the same key.", 0),
 		tooLarge: newProblem(413, "request-too-large", "Request body too large",
 			"An idempotent request body may be at most "+strconv.FormatInt(maxRequestBody, 10)+" bytes.", 0),
 		outstanding: newProblem(409, "outstanding", "A request is outstanding for this Idempotency-Key",
