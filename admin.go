@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
 
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
@@ -35,9 +36,11 @@ const (
 //
 //	GET    /idempotency/stores
 //	GET    /idempotency/keys/<hash>[?store=<name>]
-//	GET    /idempotency/keys?key=<key>[&scope=<scope>][&store=<name>]
-//	DELETE (either keys form)
+//	DELETE /idempotency/keys/<hash>[?store=<name>]
 //	GET    /idempotency/stuck[?older_than=30s][&limit=100][&store=<name>]
+//
+// A key is named by its hash only, never by the client's key and scope:
+// Caddy's admin logger writes every request's URI at info level.
 type adminAPI struct {
 	// stores lists the stores to serve; nil means every registered store.
 	stores func() []store.Registration
@@ -114,8 +117,8 @@ func (a *adminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 		}
 		return a.listStuck(ctx, w, r)
 	}
-	return apiError(http.StatusNotFound, "resource not found: %s (try %sstores, %skeys/<hash>, %skeys?key=<key>&scope=<scope> or %sstuck)",
-		r.URL.Path, adminBase, adminBase, adminBase, adminBase)
+	return apiError(http.StatusNotFound, "resource not found: %s (try %sstores, %skeys/<hash> or %sstuck)",
+		r.URL.Path, adminBase, adminBase, adminBase)
 }
 
 func (a *adminAPI) listStores(w http.ResponseWriter) error {
@@ -145,6 +148,8 @@ func (a *adminAPI) serveKey(ctx context.Context, w http.ResponseWriter, r *http.
 		if !found {
 			return apiError(http.StatusNotFound, "no record for key %s in store %s", key, name)
 		}
+		caddy.Log().Named("admin.api.idempotency").Info("purged a key",
+			zap.String("key_hash", key.String()), zap.String("store", name), zap.String("remote_addr", r.RemoteAddr))
 		return writeJSON(w, purged{Store: name, Key: key.String(), Deleted: true})
 	}
 	rec, expires, err := in.Lookup(ctx, key)
@@ -193,35 +198,26 @@ func (a *adminAPI) listStuck(ctx context.Context, w http.ResponseWriter, r *http
 	return writeJSON(w, out)
 }
 
-// keyFromRequest reads the key from the path's hash or from the key and
-// scope parameters, which derive it the way the handler does.
+// keyFromRequest reads the key's hash from the path. The client's key and
+// scope are refused in the query, which the admin log would record; the
+// command hashes them locally (store.NewKey).
 func keyFromRequest(hash string, q map[string][]string) (store.Key, error) {
 	var key store.Key
-	clientKey, hasKey := q["key"]
+	_, hasKey := q["key"]
 	_, hasScope := q["scope"]
 	switch {
-	case hash != "" && (hasKey || hasScope):
-		return key, apiError(http.StatusBadRequest, "give either a hash in the path or key and scope parameters, not both")
-	case hash != "":
-		if len(hash) != hex.EncodedLen(len(key)) {
-			return key, apiError(http.StatusBadRequest, "%q is not a key hash: want 64 hex digits", hash)
-		}
-		if _, err := hex.Decode(key[:], []byte(hash)); err != nil {
-			return key, apiError(http.StatusBadRequest, "%q is not a key hash: want 64 hex digits", hash)
-		}
-		return key, nil
-	case !hasKey:
-		return key, apiError(http.StatusBadRequest, "missing key: use %skeys/<hash> or %skeys?key=<key>&scope=<scope>", adminBase, adminBase)
+	case hasKey || hasScope:
+		return key, apiError(http.StatusBadRequest, "the API takes a key's hash, not the key: use %skeys/<hash> (caddy idempotency inspect <key> --scope <scope> computes it)", adminBase)
+	case hash == "":
+		return key, apiError(http.StatusBadRequest, "missing key hash: use %skeys/<hash>", adminBase)
 	}
-	k, ok := parseKey(clientKey[0])
-	if !ok {
-		return key, apiError(http.StatusBadRequest, "key: not a valid Idempotency-Key (1 to 255 visible ASCII characters, bare or as a quoted string)")
+	if len(hash) != hex.EncodedLen(len(key)) {
+		return key, apiError(http.StatusBadRequest, "not a key hash: want 64 hex digits")
 	}
-	var scope string
-	if s := q["scope"]; len(s) > 0 {
-		scope = s[0]
+	if _, err := hex.Decode(key[:], []byte(hash)); err != nil {
+		return key, apiError(http.StatusBadRequest, "not a key hash: want 64 hex digits")
 	}
-	return store.NewKey(scope, k), nil
+	return key, nil
 }
 
 func (a *adminAPI) registered() []store.Registration {

@@ -117,7 +117,7 @@ func TestAdminOnEveryStore(t *testing.T) {
 		hash := store.NewKey("", "order-1").String()
 
 		var info keyInfo
-		body := call(t, srv, "GET", "/idempotency/keys?key=order-1&scope="+storeQ, 200, &info)
+		body := call(t, srv, "GET", "/idempotency/keys/"+hash+"?"+storeQ[1:], 200, &info)
 		if info.Store != name || info.Key != hash || info.State != "completed" || info.Endpoint != "POST api.example.com/orders" ||
 			info.Status != 201 || info.BodySize != len(`{"order":42}`) || info.Truncated {
 			t.Fatalf("lookup = %+v", info)
@@ -130,16 +130,8 @@ func TestAdminOnEveryStore(t *testing.T) {
 		approx(t, "expires_at", time.Until(*info.ExpiresAt), 24*time.Hour, time.Minute)
 		approx(t, "created_at", time.Since(info.CreatedAt), 0, time.Minute)
 
-		// The same record by hash, and by the key spelt as an RFC 8941
-		// string, as the handler accepts it.
-		var byHash, quoted keyInfo
-		call(t, srv, "GET", "/idempotency/keys/"+hash+"?"+storeQ[1:], 200, &byHash)
-		call(t, srv, "GET", "/idempotency/keys?key="+url.QueryEscape(`"order-1"`)+storeQ, 200, &quoted)
-		if byHash.Key != hash || quoted.Key != hash || byHash.State != "completed" {
-			t.Fatalf("lookup by hash %+v, by quoted key %+v", byHash, quoted)
-		}
 		// Another scope is another key.
-		wantError(t, srv, "GET", "/idempotency/keys?key=order-1&scope=bob"+storeQ, 404, "no record for key")
+		wantError(t, srv, "GET", "/idempotency/keys/"+store.NewKey("bob", "order-1").String()+"?"+storeQ[1:], 404, "no record for key")
 
 		// A claim in flight: listed as stuck once old enough, purged.
 		b.blockers = make(chan struct{})
@@ -179,8 +171,8 @@ func TestAdminOnEveryStore(t *testing.T) {
 		wantError(t, srv, "GET", "/idempotency/keys/"+slow+"?"+storeQ[1:], 404, "no record for key "+slow)
 
 		// Purging the completed record: the next request with its key runs.
-		call(t, srv, "DELETE", "/idempotency/keys?key=order-1"+storeQ, 200, &p)
-		wantError(t, srv, "DELETE", "/idempotency/keys?key=order-1"+storeQ, 404, "no record for key "+hash)
+		call(t, srv, "DELETE", "/idempotency/keys/"+hash+"?"+storeQ[1:], 200, &p)
+		wantError(t, srv, "DELETE", "/idempotency/keys/"+hash+"?"+storeQ[1:], 404, "no record for key "+hash)
 		wantError(t, srv, "GET", "/idempotency/keys/"+hash+"?"+storeQ[1:], 404, "no record")
 		runs := b.runs.Load()
 		wantStatus(t, do(h, b, post("/orders", "order-1", `{"sku":"tea"}`)), http.StatusCreated)
@@ -313,19 +305,17 @@ func TestAdminBadRequests(t *testing.T) {
 	}{
 		{"GET", "/idempotency/keys/abc", 400, "not a key hash"},
 		{"GET", "/idempotency/keys/" + strings.Repeat("zz", 32), 400, "not a key hash"},
-		{"GET", "/idempotency/keys", 400, "missing key"},
-		{"GET", "/idempotency/keys?scope=alice", 400, "missing key"},
-		{"GET", "/idempotency/keys?key=", 400, "not a valid Idempotency-Key"},
-		{"GET", "/idempotency/keys?key=two%20words", 400, "not a valid Idempotency-Key"},
-		{"GET", "/idempotency/keys?key=" + strings.Repeat("k", 256), 400, "not a valid Idempotency-Key"},
-		{"GET", "/idempotency/keys/" + hash + "?key=k", 400, "not both"},
+		{"GET", "/idempotency/keys", 400, "missing key hash: use /idempotency/keys/<hash>"},
+		// The raw key and scope are never taken: the admin log writes the URI.
+		{"GET", "/idempotency/keys?key=k&scope=alice", 400, "the API takes a key's hash, not the key: use /idempotency/keys/<hash>"},
+		{"DELETE", "/idempotency/keys/" + hash + "?key=k", 400, "the API takes a key's hash, not the key"},
 		{"GET", "/idempotency/stuck?older_than=soon", 400, "older_than"},
 		{"GET", "/idempotency/stuck?older_than=-1s", 400, "older_than"},
 		{"GET", "/idempotency/stuck?limit=0", 400, "limit"},
 		{"GET", "/idempotency/stuck?limit=10001", 400, "limit"},
 		{"GET", "/idempotency/stuck?limit=many", 400, "limit"},
 		{"POST", "/idempotency/keys/" + hash, 405, "method POST not allowed"},
-		{"PUT", "/idempotency/keys?key=k", 405, "use GET or DELETE"},
+		{"PUT", "/idempotency/keys/" + hash, 405, "use GET or DELETE"},
 		{"DELETE", "/idempotency/stuck", 405, "use GET"},
 		{"DELETE", "/idempotency/stores", 405, "use GET"},
 		{"GET", "/idempotency/", 404, "resource not found"},
@@ -354,8 +344,9 @@ func TestAdminStoreUnavailable(t *testing.T) {
 	srv := adminServer(t, &adminAPI{})
 	redisSrv.Kill()
 	q := "store=" + url.QueryEscape(name)
-	wantError(t, srv, "GET", "/idempotency/keys?key=k&"+q, 503, "idempotency store unavailable")
-	wantError(t, srv, "DELETE", "/idempotency/keys?key=k&"+q, 503, "deleting in store "+name)
+	k := "/idempotency/keys/" + store.NewKey("", "k").String() + "?"
+	wantError(t, srv, "GET", k+q, 503, "idempotency store unavailable")
+	wantError(t, srv, "DELETE", k+q, 503, "deleting in store "+name)
 	wantError(t, srv, "GET", "/idempotency/stuck?"+q, 503, "listing claims in store "+name)
 }
 

@@ -33,8 +33,8 @@ func init() {
 // instance, and so one connection pool.
 type App struct {
 	// Options are the defaults, with the directive's option names. A
-	// route's own value wins; flags (required, disable_metrics,
-	// store_server_errors) can only be turned on by either.
+	// route's own value wins; flags (required, require_scope,
+	// disable_metrics, store_server_errors) can only be turned on by either.
 	Options
 
 	shared     store.Store
@@ -129,6 +129,7 @@ func (h *Handler) inherit(ctx caddy.Context) (shared store.Store, name string, e
 	}
 	pick(&h.KeyHeader, d.KeyHeader)
 	pick(&h.Scope, d.Scope)
+	pick(&h.ForwardKey, d.ForwardKey)
 	pick(&h.Endpoint, d.Endpoint)
 	pick(&h.OnStoreError, d.OnStoreError)
 	pick(&h.ReplayHeader, d.ReplayHeader)
@@ -167,6 +168,7 @@ func (h *Handler) inherit(ctx caddy.Context) (shared store.Store, name string, e
 		h.MaxResponseBody = d.MaxResponseBody
 	}
 	h.Required = h.Required || d.Required
+	h.RequireScope = h.RequireScope || d.RequireScope
 	h.DisableMetrics = h.DisableMetrics || d.DisableMetrics
 	h.StoreServerErrors = h.StoreServerErrors || d.StoreServerErrors
 	if h.StoreRaw == nil && app.shared != nil {

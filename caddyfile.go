@@ -35,6 +35,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		methods           <METHOD...>
 //		required
 //		scope             <template>
+//		require_scope
+//		forward_key       <header>
 //		endpoint          <template...>
 //		fingerprint       body | json | none
 //		fingerprint_ignore <json-pointer...>
@@ -69,6 +71,13 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			h.ReplayHeader, err = cfarg.One(d, opt)
 		case "scope":
 			h.Scope, err = cfarg.One(d, opt)
+		case "require_scope":
+			err = cfarg.Flag(d, opt)
+			h.RequireScope = true
+		case "forward_key":
+			if h.ForwardKey, err = cfarg.One(d, opt); err == nil && !validToken(h.ForwardKey) {
+				err = d.Errf("%s: invalid header name '%s'", opt, h.ForwardKey)
+			}
 		case "endpoint":
 			// The template's parts may be written as separate tokens:
 			// endpoint {method} {path} is "{method} {path}".

@@ -3,6 +3,7 @@ package idempotency
 import (
 	"bytes"
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -18,6 +19,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
 	"github.com/spf13/cobra"
+
+	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
 func init() {
@@ -30,15 +33,18 @@ Looks up, purges and lists the records of the idempotency handler's stores,
 through the admin API of a running Caddy (its admin.api.idempotency routes).
 
   caddy idempotency stores
-  caddy idempotency inspect --scope <scope> --key <key>
+  caddy idempotency inspect order-1
+  caddy idempotency inspect order-1 --scope <scope>
   caddy idempotency inspect --hash <64 hex digits>
-  caddy idempotency purge   --scope <scope> --key <key>
+  caddy idempotency purge   order-1 --scope <scope>
   caddy idempotency stuck   --older-than 1m --limit 50
 
-The key is the client's Idempotency-Key and the scope what the route's
-scope template expanded to for that client (the authenticated user by
-default, empty on routes without authentication); or give the key's hash,
-as the {http.idempotency.key} placeholder logs it.
+The key is the client's Idempotency-Key (the argument, or --key) and the
+scope what the route's scope template expanded to for that client (the
+authenticated user by default, empty on routes without authentication); or
+give the key's hash, as the {http.idempotency.key} placeholder logs it.
+The key and scope are hashed here: only the hash reaches the admin API,
+whose log records every request's URI.
 
 --store chooses the store when the running configs use several: its name
 as 'stores' lists it, or its module name (memory, redis, file, postgres) if
@@ -70,9 +76,9 @@ func setupCommand(cmd *cobra.Command) {
 
 	var k keyFlags
 	inspect := &cobra.Command{
-		Use:   "inspect [--hash <hash> | --key <key> [--scope <scope>]]",
+		Use:   "inspect <key> [--scope <scope>] | --hash <hash>",
 		Short: "Shows the record of a key: state, endpoint, status, age, expiry, body size",
-		Args:  cobra.MaximumNArgs(1),
+		Args:  oneKeyArg("inspect"),
 		RunE: func(c *cobra.Command, args []string) error {
 			return opts.run(c, func(ctx context.Context) error { return opts.inspect(ctx, k.path(args)) })
 		},
@@ -81,9 +87,9 @@ func setupCommand(cmd *cobra.Command) {
 
 	var pk keyFlags
 	purge := &cobra.Command{
-		Use:   "purge [--hash <hash> | --key <key> [--scope <scope>]]",
+		Use:   "purge <key> [--scope <scope>] | --hash <hash>",
 		Short: "Deletes the record of a key, whatever its state: the next request with the key runs anew",
-		Args:  cobra.MaximumNArgs(1),
+		Args:  oneKeyArg("purge"),
 		RunE: func(c *cobra.Command, args []string) error {
 			return opts.run(c, func(ctx context.Context) error { return opts.purge(ctx, pk.path(args)) })
 		},
@@ -114,38 +120,75 @@ func setupCommand(cmd *cobra.Command) {
 	cmd.AddCommand(inspect, purge, stuck, stores)
 }
 
+// keyUsage is what to type to name a key.
+func keyUsage(sub string) string {
+	return "caddy idempotency " + sub + " <key> [--scope <scope>], or --hash <hash>"
+}
+
+// oneKeyArg takes at most one argument, the client's key, and says what to
+// type instead of several.
+func oneKeyArg(sub string) cobra.PositionalArgs {
+	return func(_ *cobra.Command, args []string) error {
+		if len(args) > 1 {
+			return fmt.Errorf("give one key, not %d words: %s; quote a key that holds spaces", len(args), keyUsage(sub))
+		}
+		return nil
+	}
+}
+
 // keyFlags name a key by its hash, or by the client's key and its scope.
 type keyFlags struct{ hash, key, scope string }
 
 func (k *keyFlags) add(cmd *cobra.Command) {
-	cmd.Flags().StringVar(&k.hash, "hash", "", "The key's hash, 64 hex digits (as {http.idempotency.key} logs it); may also be given as the argument")
-	cmd.Flags().StringVar(&k.key, "key", "", "The client's Idempotency-Key")
+	cmd.Flags().StringVar(&k.hash, "hash", "", "The key's hash, 64 hex digits (as {http.idempotency.key} logs it)")
+	cmd.Flags().StringVar(&k.key, "key", "", "The client's Idempotency-Key; may also be given as the argument")
 	cmd.Flags().StringVar(&k.scope, "scope", "", "The scope the key was used in (the route's scope, by default the authenticated user)")
 	cmd.MarkFlagsMutuallyExclusive("hash", "key")
 	cmd.MarkFlagsMutuallyExclusive("hash", "scope")
 }
 
-// path is the API path and query that designate the key, without store.
-func (k *keyFlags) path(args []string) func() (string, url.Values, error) {
-	return func() (string, url.Values, error) {
-		hash := k.hash
+// keyRef is a key named on the command line: its API path, and a hint
+// for when the API finds no record under it.
+type keyRef struct {
+	path, hint string
+}
+
+// path hashes the key and scope as the handler does (store.NewKey), so
+// that neither leaves this process, and returns the key's API path.
+func (k *keyFlags) path(args []string) func(sub string) (keyRef, error) {
+	return func(sub string) (keyRef, error) {
+		clientKey := k.key
 		if len(args) == 1 {
-			if hash != "" || k.key != "" {
-				return "", nil, errors.New("give the key once: as an argument, --hash or --key")
+			if k.hash != "" || k.key != "" {
+				return keyRef{}, fmt.Errorf("give the key once: as the argument, --hash or --key; %s", keyUsage(sub))
 			}
-			hash = args[0]
+			clientKey = args[0]
 		}
-		q := url.Values{}
 		switch {
-		case hash != "":
-			return adminBase + "keys/" + url.PathEscape(strings.ToLower(hash)), q, nil
-		case k.key != "":
-			q.Set("key", k.key)
-			q.Set("scope", k.scope)
-			return adminBase + "keys", q, nil
+		case k.hash != "":
+			return keyRef{path: adminBase + "keys/" + url.PathEscape(strings.ToLower(k.hash))}, nil
+		case clientKey == "":
+			return keyRef{}, errors.New("which key? " + keyUsage(sub))
 		}
-		return "", nil, errors.New("which key? give --hash <hash>, or --key <key> with --scope <scope>")
+		parsed, ok := parseKey(clientKey)
+		if !ok {
+			return keyRef{}, errors.New("not a valid Idempotency-Key (1 to 255 visible ASCII characters, bare or as a quoted string)")
+		}
+		ref := keyRef{path: adminBase + "keys/" + store.NewKey(k.scope, parsed).String()}
+		if isKeyHash(clientKey) {
+			ref.hint = fmt.Sprintf("if %s… is a key hash from a log, use --hash %s", clientKey[:8], clientKey)
+		}
+		return ref, nil
 	}
+}
+
+// isKeyHash reports whether s looks like a key hash: 64 hex digits.
+func isKeyHash(s string) bool {
+	if len(s) != 64 {
+		return false
+	}
+	_, err := hex.DecodeString(s)
+	return err == nil
 }
 
 // run runs f with the command's output and context.
@@ -160,13 +203,14 @@ func (o *cliOptions) run(c *cobra.Command, f func(context.Context) error) error 
 	return f(ctx)
 }
 
-func (o *cliOptions) inspect(ctx context.Context, key func() (string, url.Values, error)) error {
-	path, q, err := key()
+func (o *cliOptions) inspect(ctx context.Context, key func(string) (keyRef, error)) error {
+	ref, err := key("inspect")
 	if err != nil {
 		return err
 	}
 	var info keyInfo
-	raw, err := o.call(ctx, http.MethodGet, path, q, &info)
+	raw, err := o.call(ctx, http.MethodGet, ref.path, nil, &info)
+	err = ref.explain(err)
 	if err != nil || o.json {
 		return o.printJSON(raw, err)
 	}
@@ -200,17 +244,26 @@ func (o *cliOptions) inspect(ctx context.Context, key func() (string, url.Values
 	return tw.Flush()
 }
 
-func (o *cliOptions) purge(ctx context.Context, key func() (string, url.Values, error)) error {
-	path, q, err := key()
+func (o *cliOptions) purge(ctx context.Context, key func(string) (keyRef, error)) error {
+	ref, err := key("purge")
 	if err != nil {
 		return err
 	}
 	var p purged
-	raw, err := o.call(ctx, http.MethodDelete, path, q, &p)
+	raw, err := o.call(ctx, http.MethodDelete, ref.path, nil, &p)
+	err = ref.explain(err)
 	if err != nil || o.json {
 		return o.printJSON(raw, err)
 	}
 	_, err = fmt.Fprintf(o.out, "purged %s from %s\n", p.Key, p.Store)
+	return err
+}
+
+// explain adds the hint to a "no record" error.
+func (k keyRef) explain(err error) error {
+	if err != nil && k.hint != "" && strings.Contains(err.Error(), "no record") {
+		return fmt.Errorf("%w (%s)", err, k.hint)
+	}
 	return err
 }
 

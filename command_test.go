@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -178,7 +179,7 @@ http://localhost:9680 {
 	wantContains(t, out, "store       "+name, "key         "+hash, "state       completed",
 		"endpoint    POST localhost/orders", "status      201", "body        11 bytes", "replayable  yes", "ago)", "expires     ")
 
-	out = mustCLI(t, "inspect", admin, "--store", name, hash, "--json")
+	out = mustCLI(t, "inspect", admin, "--store", name, "--hash", hash, "--json")
 	var info keyInfo
 	if err := json.Unmarshal([]byte(out), &info); err != nil {
 		t.Fatalf("--json printed %q: %v", out, err)
@@ -214,7 +215,7 @@ http://localhost:9680 {
 	releaseOnce.Do(func() { close(release) })
 	<-slowDone
 	// The purged owner's response was not stored.
-	if out, err := runCLI(t, "inspect", admin, "--store", name, slow); err == nil || !strings.Contains(err.Error(), "no record for key "+slow) {
+	if out, err := runCLI(t, "inspect", admin, "--store", name, "--hash", slow); err == nil || !strings.Contains(err.Error(), "no record for key "+slow) {
 		t.Fatalf("inspect of a purged claim = %v\n%s", err, out)
 	}
 
@@ -281,7 +282,7 @@ func TestCommandOutput(t *testing.T) {
 	c = &store.Claim{Token: store.Token{2}, Lease: time.Minute, Endpoint: "POST h/lost"}
 	mem.Acquire(ctx, k, c)
 	mem.Complete(ctx, k, c, &store.Record{OutcomeUnknown: true}, time.Hour)
-	out = mustCLI(t, "inspect", admin, "--scope", "tenant-7", "--key", "lost")
+	out = mustCLI(t, "inspect", admin, "--scope", "tenant-7", "lost") // the key as the argument
 	wantContains(t, out, "state     completed", "outcome   unknown: the request was sent upstream and got no answer; retries get 502", "expires   ")
 	for _, row := range []string{"status", "body", "replayable"} {
 		if strings.Contains(out, "\n"+row+" ") {
@@ -318,11 +319,15 @@ func TestCommandErrors(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"inspect", admin}, "which key?"},
+		{[]string{"inspect", admin}, "which key? caddy idempotency inspect <key> [--scope <scope>], or --hash <hash>"},
 		{[]string{"inspect", admin, "--hash", "abc", "--key", "k"}, "none of the others can be"},
 		{[]string{"inspect", admin, "--hash", "abc", "def"}, "give the key once"},
-		{[]string{"inspect", admin, "a", "b"}, "accepts at most 1 arg"},
-		{[]string{"inspect", admin, "--store", "orders", "--hash", "abc"}, `"abc" is not a key hash`},
+		{[]string{"inspect", admin, "a", "b"}, `one key, not 2 words: caddy idempotency inspect <key> [--scope <scope>], or --hash <hash>; quote a key that holds spaces`},
+		{[]string{"purge", admin, "a", "b", "c"}, `one key, not 3 words: caddy idempotency purge <key> [--scope <scope>], or --hash <hash>`},
+		{[]string{"inspect", admin, "--key", "k", "k"}, "give the key once"},
+		{[]string{"inspect", admin, "--store", "orders", "two words"}, "not a valid Idempotency-Key"},
+		{[]string{"inspect", admin, "--store", "orders", store.NewKey("", "k").String()}, "if " + store.NewKey("", "k").String()[:8] + "… is a key hash from a log, use --hash " + store.NewKey("", "k").String()},
+		{[]string{"inspect", admin, "--store", "orders", "--hash", "abc"}, "not a key hash"},
 		{[]string{"inspect", admin, "--key", "k"}, "2 stores are provisioned; choose one with store=<name> (--store on the command line): orders, payments"},
 		{[]string{"purge", admin, "--store", "memory", "--key", "k"}, "2 memory stores are provisioned"},
 		{[]string{"purge", admin, "--store", "orders", "--key", "k"}, "no record for key " + store.NewKey("", "k").String() + " in store orders"},
@@ -348,5 +353,70 @@ func TestShortDuration(t *testing.T) {
 		if got := shortDuration(in); got != want {
 			t.Errorf("shortDuration(%q) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+// The command names a key to the admin API by its hash only: Caddy's admin
+// logger writes every request's URI, and the raw key or scope must not
+// reach a log. A purge is logged with the hash and who asked.
+func TestCommandLogsNoRawKey(t *testing.T) {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer upstream.Close()
+	logFile := t.TempDir() + "/caddy.log"
+	tester := caddytest.NewTester(t)
+	tester.InitServer(fmt.Sprintf(`{
+	admin localhost:2999
+	http_port 9718
+	https_port 9748
+	grace_period 1ns
+	log {
+		output file %s
+		level INFO
+	}
+}
+http://localhost:9718 {
+	idempotency {
+		scope {http.request.header.X-Tenant}
+		store memory {
+			max_entries 9718
+		}
+	}
+	reverse_proxy %s
+}`, logFile, upstream.Listener.Addr()), "caddyfile")
+
+	const rawKey, rawScope = "secret-key-5f1c", "tenant-9e2a"
+	req, _ := http.NewRequest(http.MethodPost, "http://localhost:9718/orders", strings.NewReader("x"))
+	req.Header.Set("Idempotency-Key", rawKey)
+	req.Header.Set("X-Tenant", rawScope)
+	tester.AssertResponseCode(req, http.StatusCreated)
+
+	admin := "--address=localhost:2999"
+	hash := store.NewKey(rawScope, rawKey).String()
+	name := "--store=memory (9718 records, 256MiB)"
+	wantContains(t, mustCLI(t, "inspect", admin, name, "--scope", rawScope, "--key", rawKey), "key         "+hash)
+	wantContains(t, mustCLI(t, "inspect", admin, name, "--scope", rawScope, rawKey), "key         "+hash)
+	wantContains(t, mustCLI(t, "inspect", admin, name, "--scope", rawScope, `"`+rawKey+`"`), "key         "+hash) // the RFC 8941 spelling
+	wantContains(t, mustCLI(t, "purge", admin, name, "--scope", rawScope, rawKey), "purged "+hash)
+
+	log, err := os.ReadFile(logFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, raw := range []string{rawKey, rawScope} {
+		if strings.Contains(string(log), raw) {
+			t.Errorf("the log holds the raw %q:\n%s", raw, log)
+		}
+	}
+	var purge map[string]any
+	for _, line := range strings.Split(string(log), "\n") {
+		if strings.Contains(line, `"purged`) {
+			json.Unmarshal([]byte(line), &purge)
+		}
+	}
+	if addr := fmt.Sprint(purge["remote_addr"]); purge["key_hash"] != hash ||
+		!strings.HasPrefix(addr, "127.0.0.1:") && !strings.HasPrefix(addr, "[::1]:") {
+		t.Fatalf("purge log entry %v, want the key hash and the caller's address\n%s", purge, log)
 	}
 }

@@ -25,12 +25,14 @@ var trueValue = []string{"true"}
 // ServeHTTP implements caddyhttp.MiddlewareHandler.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	if !h.covers(r.Method) {
+		h.dropForwardedKey(r)
 		return next.ServeHTTP(w, r)
 	}
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 
 	// The key is validated before anything touches the store.
 	values := r.Header[h.keyField]
+	h.dropForwardedKey(r) // after reading the key: forward_key may name its header
 	switch {
 	case len(values) == 0 && h.Required:
 		return h.refuse(w, r, repl, resultInvalid, h.problems.missing)
@@ -43,6 +45,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	clientKey, ok := parseKey(values[0])
 	if !ok {
 		return h.refuse(w, r, repl, resultInvalid, h.problems.invalid)
+	}
+	scope, ok := h.scopeOf(repl)
+	if !ok {
+		return h.refuse(w, r, repl, resultInvalid, h.problems.missingScope)
 	}
 
 	// From here the request uses the store, which a reload that replaces
@@ -60,8 +66,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	defer putBuffer(body)
 
-	key := store.NewKey(repl.ReplaceAll(h.Scope, ""), clientKey)
+	key := store.NewKey(scope, clientKey)
 	repl.Set("http.idempotency.key", key) // hex-encoded only if a log asks
+	h.forwardKey(r, key)
 	claim := &store.Claim{
 		Token:       newToken(),
 		Endpoint:    h.endpoint(r, repl),

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/textproto"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -79,6 +80,20 @@ type Options struct {
 	// a record. Default: {http.auth.user.id} (the authenticated user; empty,
 	// hence one shared scope, when the route has no authentication).
 	Scope string `json:"scope,omitempty"`
+
+	// RequireScope refuses with 401 a request whose scope expands to the
+	// empty string, instead of letting it share the one empty scope with
+	// every other such request: behind forward_auth, or a header that a
+	// request lacks. Without it, the first empty scope is logged.
+	RequireScope bool `json:"require_scope,omitempty"`
+
+	// ForwardKey names a request header set, for the handlers that follow
+	// (the upstream), to the scoped key hash ({http.idempotency.key}) on
+	// every request the handler protects, so the upstream can hand it on
+	// to its payment provider. A copy of it that the client sent is removed
+	// from every request the handler sees, protected or passed through: a
+	// client never chooses the key the upstream hands on.
+	ForwardKey string `json:"forward_key,omitempty"`
 
 	// Endpoint is a template of Caddy placeholders, expanded per request:
 	// what a key is bound to besides its payload. A key reused where the
@@ -205,11 +220,16 @@ type Handler struct {
 	holds    *store.Holds   // the store's, which keep it open for our requests
 	logger   *zap.Logger
 	keyField string // canonical form of KeyHeader, to index the header map
-	payload  payload
-	problems problems
-	metrics  *metrics // nil when disabled
-	keys     *keyring // nil without encryption_keys
-	leases   *leases
+	// forwardKeyField is the canonical form of ForwardKey; empty when off.
+	forwardKeyField string
+	// emptyScopeSeen is set once a scope expanded empty, which is logged
+	// once per handler (scope.go).
+	emptyScopeSeen *atomic.Bool
+	payload        payload
+	problems       problems
+	metrics        *metrics // nil when disabled
+	keys           *keyring // nil without encryption_keys
+	leases         *leases
 }
 
 // CaddyModule returns the Caddy module information.
@@ -228,6 +248,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("reading the idempotency defaults: %w", err)
 	}
 	h.setDefaults()
+	h.emptyScopeSeen = new(atomic.Bool)
 	h.problems = newProblems(h.KeyHeader, h.MaxRequestBody)
 	h.payload = newPayload(h.Fingerprint, h.FingerprintIgnore, h.FingerprintHeaders)
 
@@ -290,6 +311,9 @@ func (h *Handler) setDefaults() {
 		h.KeyHeader = defaultKeyHeader
 	}
 	h.keyField = textproto.CanonicalMIMEHeaderKey(h.KeyHeader)
+	if h.ForwardKey != "" {
+		h.forwardKeyField = textproto.CanonicalMIMEHeaderKey(h.ForwardKey)
+	}
 	if len(h.Methods) == 0 {
 		h.Methods = append([]string(nil), defaultMethods...)
 	}
@@ -342,6 +366,9 @@ func (h *Handler) setDefaults() {
 func (h *Handler) Validate() error {
 	if !validToken(h.KeyHeader) {
 		return fmt.Errorf("key_header: invalid header name %q", h.KeyHeader)
+	}
+	if h.ForwardKey != "" && !validToken(h.ForwardKey) {
+		return fmt.Errorf("forward_key: invalid header name %q", h.ForwardKey)
 	}
 	if !validToken(h.ReplayHeader) {
 		return fmt.Errorf("replay_header: invalid header name %q", h.ReplayHeader)
