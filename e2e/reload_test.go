@@ -16,19 +16,9 @@ import (
 // Caddy cleans up the old configuration's modules as soon as a reload
 // starts, without waiting for its requests, so a store must keep working
 // for the requests that outlive its Cleanup.
-//
-// Known bug (redis store): Cleanup sets the client to nil, and the
-// still-running handler's next Renew panics in a timer goroutine, which
-// kills the whole Caddy process (nil pointer dereference in
-// (*Script).EvalSha). A request too short to renew panics in Complete
-// instead: its client gets EOF, the record stays in progress, and retries
-// get 409 until the lease passes, then run the request a second time.
-// (The memory store had the same bug and keeps its table since.)
 func TestReloadKeepsKeys(t *testing.T) {
 	t.Parallel()
 	stores(t, func(t *testing.T, storeOptions string) {
-		if isRedis(storeOptions) {
-		}
 		u := startUpstream(t)
 		site := proxySite(u, storeOptions+"\nlock_timeout 1500ms")
 		c := startCaddy(t, "caddy", site)
@@ -107,8 +97,6 @@ func TestReloadKeepsKeys(t *testing.T) {
 func TestReloadDuringShortRequest(t *testing.T) {
 	t.Parallel()
 	stores(t, func(t *testing.T, storeOptions string) {
-		if isRedis(storeOptions) {
-		}
 		u := startUpstream(t)
 		site := proxySite(u, storeOptions)
 		c := startCaddy(t, "caddy", site)

@@ -62,11 +62,11 @@ func newListener(cfg *pgx.ConnConfig, channel string, losses *prometheus.Counter
 // the tier coherent.
 func (l *listener) join(cacheSize int64, storeName string) *tier.Cache {
 	l.losses.Add(storeName)
-	tier := l.tiers.Join(cacheSize)
-	if tier != nil {
+	c := l.tiers.Join(cacheSize)
+	if c != nil {
 		l.start()
 	}
-	return tier
+	return c
 }
 
 // leave undoes join.

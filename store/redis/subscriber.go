@@ -77,11 +77,11 @@ func (sub *subscriber) join(name string, cacheSize int64, storeName string) *tie
 	sub.losses.Add(storeName)
 	sub.mu.Lock()
 	defer sub.mu.Unlock()
-	tier := sub.channel(name).Join(cacheSize)
-	if tier != nil {
+	c := sub.channel(name).Join(cacheSize)
+	if c != nil {
 		sub.startLocked()
 	}
-	return tier
+	return c
 }
 
 // leave undoes join.
