@@ -3,7 +3,6 @@ package e2e
 import (
 	"bytes"
 	"net/http"
-	"strings"
 	"testing"
 	"time"
 )
@@ -139,5 +138,3 @@ func TestReloadDuringShortRequest(t *testing.T) {
 		wantCount(t, "upstream runs", u.starts("short-1"), 1)
 	})
 }
-
-func isRedis(storeOptions string) bool { return strings.HasPrefix(storeOptions, "store redis") }
