@@ -51,14 +51,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if tooLarge {
 		return h.refuse(w, r, repl, resultTooLarge, h.problems.tooLarge)
 	}
-	defer putBuffer(body)
+	defer body.release()
 
 	key := store.NewKey(repl.ReplaceAll(h.Scope, ""), clientKey)
 	repl.Set("http.idempotency.key", key) // hex-encoded only if a log asks
 	claim := &store.Claim{
 		Token:       newToken(),
 		Endpoint:    h.endpoint(r, repl),
-		Fingerprint: h.fingerprintOf(r, body),
+		Fingerprint: h.fingerprintOf(r, body.buffer()),
 		Lease:       time.Duration(h.LockTimeout),
 	}
 	rec, err := h.store.Acquire(r.Context(), key, claim)
