@@ -140,9 +140,17 @@ func (h *Handler) answerFromRecord(w http.ResponseWriter, r *http.Request, repl 
 }
 
 // acquireFailed answers a request whose claim the store could not take,
-// per on_store_error, and withdraws the claim in case it lands late.
+// per on_store_error, and withdraws the claim in case it lands late. A
+// client that left while its claim waited (for a pooled connection, a
+// slow reply) ends the call with its context: that is no store failure,
+// and nobody is left to answer or to run the request for.
 func (h *Handler) acquireFailed(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, next caddyhttp.Handler, key store.Key, tok store.Token, err error) error {
 	h.withdraw(detached(r.Context()), key, tok)
+	if r.Context().Err() != nil {
+		h.setResult(repl, resultGone)
+		w.WriteHeader(statusClientClosed) // for the access log, as reverse_proxy does
+		return nil
+	}
 	h.setResult(repl, resultError)
 	if h.OnStoreError == failOpen {
 		h.logger.Warn("idempotency store unavailable; passing the request through unprotected (fail_open)",
