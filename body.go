@@ -26,18 +26,18 @@ func (h *Handler) readBody(r *http.Request) (body *bufferedBody, tooLarge bool, 
 	}
 	buf := bodyBuffers.Get().(*bodyBuffer)
 	body = &bufferedBody{bodyBuffer: buf}
-	limit := io.LimitedReader{R: r.Body, N: h.MaxRequestBody + 1}
-	_, err = buf.buf.ReadFrom(&limit)
+	err = buf.readFrom(r.Body, r.ContentLength, h.MaxRequestBody+1)
 	switch {
 	case err != nil:
 		buf.put()
 		return nil, false, err
-	case int64(buf.buf.Len()) > h.MaxRequestBody:
+	case int64(len(buf.data)) > h.MaxRequestBody:
 		buf.put()
 		return nil, true, nil
 	}
+	buf.buf = *bytes.NewBuffer(buf.data)
 	r.Body.Close()
-	body.Reset(buf.buf.Bytes())
+	body.Reset(buf.data)
 	buf.refs.Store(2) // the handler's, and the next handler's until it closes it
 	r.Body = body
 	return body, false, nil
@@ -56,14 +56,48 @@ func (h *Handler) readBody(r *http.Request) (body *bufferedBody, tooLarge bool, 
 type bufferedBody struct {
 	bytes.Reader
 	*bodyBuffer
-	closed atomic.Bool
+	closed   atomic.Bool
+	handedOn bool // the next handler got it; set and read by the handler's goroutine
 }
 
 // bodyBuffer holds a request body's bytes, and the references to them:
 // the handler's and the next handler's.
 type bodyBuffer struct {
-	buf  bytes.Buffer
+	data []byte
+	buf  bytes.Buffer // data, for the fingerprint
 	refs atomic.Int32
+}
+
+// minRead is the first read's size, as bytes.Buffer's.
+const minRead = 512
+
+// readFrom reads src to its end, or limit bytes. The buffer grows as the
+// bytes arrive, doubling, but never past a declared length (-1 if none):
+// a body that keeps its word fills its buffer exactly, and a client that
+// declares a megabyte and sends a kilobyte holds a kilobyte.
+func (b *bodyBuffer) readFrom(src io.Reader, declared, limit int64) error {
+	for int64(len(b.data)) < limit {
+		if len(b.data) == cap(b.data) {
+			n := int64(max(minRead, 2*cap(b.data)))
+			if declared > int64(len(b.data)) {
+				n = min(n, declared)
+			}
+			grown := make([]byte, len(b.data), min(n, limit))
+			copy(grown, b.data)
+			b.data = grown
+		}
+		n, err := src.Read(b.data[len(b.data):min(int64(cap(b.data)), limit)])
+		b.data = b.data[:len(b.data)+n]
+		switch {
+		case err == io.EOF:
+			return nil
+		case err != nil:
+			return err
+		case int64(len(b.data)) == declared:
+			return nil // net/http's bodies end at their Content-Length
+		}
+	}
+	return nil
 }
 
 var bodyBuffers = sync.Pool{New: func() any { return new(bodyBuffer) }}
@@ -77,12 +111,25 @@ func (b *bufferedBody) Close() error {
 	return nil
 }
 
-// release drops the handler's reference; nil-safe, for a request without
-// a body.
-func (b *bufferedBody) release() {
-	if b != nil {
-		b.bodyBuffer.release()
+// handOn notes that r, whose body the handler may have buffered, goes to
+// the next handler, which then holds the body until it closes it.
+func handOn(r *http.Request) {
+	if b, ok := r.Body.(*bufferedBody); ok {
+		b.handedOn = true
 	}
+}
+
+// release drops the handler's reference, and the body's too if the next
+// handler never got it (a replay, a refusal); nil-safe, for a request
+// without a body.
+func (b *bufferedBody) release() {
+	if b == nil {
+		return
+	}
+	if !b.handedOn {
+		b.Close()
+	}
+	b.bodyBuffer.release()
 }
 
 func (b *bodyBuffer) release() {
@@ -93,8 +140,8 @@ func (b *bodyBuffer) release() {
 
 // put returns b to the pool, unless it grew too large to keep.
 func (b *bodyBuffer) put() {
-	if b.buf.Cap() <= maxPooledBuffer {
-		b.buf.Reset()
+	if cap(b.data) <= maxPooledBuffer {
+		b.data, b.buf = b.data[:0], bytes.Buffer{}
 		bodyBuffers.Put(b)
 	}
 }

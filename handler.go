@@ -155,6 +155,7 @@ func (h *Handler) acquireFailed(w http.ResponseWriter, r *http.Request, repl *ca
 	if h.OnStoreError == failOpen {
 		h.logger.Warn("idempotency store unavailable; passing the request through unprotected (fail_open)",
 			zap.String("key_hash", key.String()), zap.Error(err))
+		handOn(r)
 		return next.ServeHTTP(w, r)
 	}
 	h.logger.Error("idempotency store unavailable; refusing the request (fail_closed)",
@@ -181,6 +182,7 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, repl *caddy.Re
 			panic(p)
 		}
 	}()
+	handOn(r)
 	err = next.ServeHTTP(rw, r.WithContext(ctx))
 	h.leases.stop(run) // before finishing, so a last renewal cannot race the release
 	h.finish(after, key, c, rw, repl, err, false)
