@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"hash"
-	"io"
 	"net/http"
 	"net/textproto"
 	"slices"
@@ -15,51 +14,6 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/internal/canonjson"
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
-
-// readBody buffers the request body so that it can be fingerprinted, and
-// puts back an identical body for the next handler. It refuses to read more
-// than MaxRequestBody.
-func (h *Handler) readBody(r *http.Request) (buf *bytes.Buffer, tooLarge bool, err error) {
-	if h.payload.mode == modeNone {
-		return nil, false, nil // the body is not fingerprinted: it streams on unread
-	}
-	if r.ContentLength > h.MaxRequestBody {
-		return nil, true, nil
-	}
-	if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 {
-		return nil, false, nil
-	}
-	buf = bufPool.Get().(*bytes.Buffer)
-	if r.ContentLength > 0 {
-		buf.Grow(int(r.ContentLength))
-	}
-	body := new(bufferedBody)
-	body.limit = io.LimitedReader{R: r.Body, N: h.MaxRequestBody + 1}
-	_, err = buf.ReadFrom(&body.limit)
-	if err != nil {
-		putBuffer(buf)
-		return nil, false, err
-	}
-	if int64(buf.Len()) > h.MaxRequestBody {
-		putBuffer(buf)
-		return nil, true, nil
-	}
-	r.Body.Close()
-	body.limit = io.LimitedReader{}
-	body.Reset(buf.Bytes())
-	r.Body = body
-	return buf, false, nil
-}
-
-// bufferedBody replays the buffered request body to the next handler. It
-// also holds the reader that bounded the read, so that reading and
-// replaying cost one allocation.
-type bufferedBody struct {
-	bytes.Reader
-	limit io.LimitedReader
-}
-
-func (*bufferedBody) Close() error { return nil }
 
 // digest is a pooled SHA-256 state with its scratch space: written through
 // the hash.Hash interface, arrays on the stack would escape to the heap.

@@ -64,7 +64,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if tooLarge {
 		return h.refuse(w, r, repl, resultTooLarge, h.problems.tooLarge)
 	}
-	defer putBuffer(body)
+	defer body.release()
 
 	key := store.NewKey(scope, clientKey)
 	repl.Set("http.idempotency.key", key) // hex-encoded only if a log asks
@@ -72,7 +72,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	claim := &store.Claim{
 		Token:       newToken(),
 		Endpoint:    h.endpoint(r, repl),
-		Fingerprint: h.fingerprintOf(r, body),
+		Fingerprint: h.fingerprintOf(r, body.buffer()),
 		Lease:       time.Duration(h.LockTimeout),
 	}
 	rec, err := h.store.Acquire(r.Context(), key, claim)
@@ -167,16 +167,25 @@ func (h *Handler) answerFromRecord(w http.ResponseWriter, r *http.Request, repl 
 }
 
 // acquireFailed answers a request whose claim the store could not take,
-// per on_store_error, and withdraws the claim in case it lands late.
+// per on_store_error, and withdraws the claim in case it lands late. A
+// client that left while its claim waited (for a pooled connection, a
+// slow reply) ends the call with its context: that is no store failure,
+// and nobody is left to answer or to run the request for.
 func (h *Handler) acquireFailed(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, next caddyhttp.Handler, key store.Key, tok store.Token, err error) error {
 	if u, ok := errors.AsType[*unreadableRecord](err); ok {
 		return h.refuseUnreadable(w, r, repl, key, u) // nothing was claimed
 	}
 	h.withdraw(detached(r.Context()), key, tok)
+	if r.Context().Err() != nil {
+		h.setResult(repl, resultGone)
+		w.WriteHeader(statusClientClosed) // for the access log, as reverse_proxy does
+		return nil
+	}
 	h.setResult(repl, resultError)
 	if h.OnStoreError == failOpen {
 		h.logger.Warn("idempotency store unavailable; passing the request through unprotected (fail_open)",
 			zap.String("key_hash", key.String()), zap.Error(err))
+		handOn(r)
 		return next.ServeHTTP(w, r)
 	}
 	h.logger.Error("idempotency store unavailable; refusing the request (fail_closed)",
@@ -203,6 +212,7 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, repl *caddy.Re
 			panic(p)
 		}
 	}()
+	handOn(r)
 	err = next.ServeHTTP(rw, r.WithContext(ctx))
 	if err == nil && !rw.wroteHeader && ctx.Err() != nil {
 		// reverse_proxy before Caddy v2.11 returns nothing when its work is

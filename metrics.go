@@ -145,9 +145,11 @@ func instrument(s store.Store, name string) *instrumented {
 	return i
 }
 
-func timeOp(o prometheus.Observer, errs prometheus.Counter, start time.Time, err error) {
+// timeOp records an operation's latency, and counts its failure unless
+// the caller's context ended it: a client that left is no store outage.
+func timeOp(ctx context.Context, o prometheus.Observer, errs prometheus.Counter, start time.Time, err error) {
 	o.Observe(time.Since(start).Seconds())
-	if errors.Is(err, store.ErrUnavailable) {
+	if errors.Is(err, store.ErrUnavailable) && ctx.Err() == nil {
 		errs.Inc()
 	}
 }
@@ -155,27 +157,27 @@ func timeOp(o prometheus.Observer, errs prometheus.Counter, start time.Time, err
 func (i *instrumented) Acquire(ctx context.Context, k store.Key, c *store.Claim) (*store.Record, error) {
 	start := time.Now()
 	rec, err := i.Store.Acquire(ctx, k, c)
-	timeOp(i.acquire, i.acquireErr, start, err)
+	timeOp(ctx, i.acquire, i.acquireErr, start, err)
 	return rec, err
 }
 
 func (i *instrumented) Complete(ctx context.Context, k store.Key, c *store.Claim, rec *store.Record, ttl time.Duration) error {
 	start := time.Now()
 	err := i.Store.Complete(ctx, k, c, rec, ttl)
-	timeOp(i.complete, i.completeErr, start, err)
+	timeOp(ctx, i.complete, i.completeErr, start, err)
 	return err
 }
 
 func (i *instrumented) Release(ctx context.Context, k store.Key, t store.Token) error {
 	start := time.Now()
 	err := i.Store.Release(ctx, k, t)
-	timeOp(i.release, i.releaseErr, start, err)
+	timeOp(ctx, i.release, i.releaseErr, start, err)
 	return err
 }
 
 func (i *instrumented) Renew(ctx context.Context, k store.Key, t store.Token, lease time.Duration) error {
 	start := time.Now()
 	err := i.Store.Renew(ctx, k, t, lease)
-	timeOp(i.renew, i.renewErr, start, err)
+	timeOp(ctx, i.renew, i.renewErr, start, err)
 	return err
 }

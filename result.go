@@ -15,6 +15,7 @@ const (
 	resultTooLarge
 	resultError   // the store failed (503, or passed through with fail_open)
 	resultUnknown // refused: the first request's outcome is unknown (on_unknown_outcome keep)
+	resultGone    // the client left while its claim waited for the store; nothing ran (499)
 	numResults
 )
 
@@ -33,4 +34,5 @@ var results = [numResults]struct {
 	resultTooLarge: {"too_large", "too_large"},
 	resultError:    {"error", "store_error"},
 	resultUnknown:  {"unknown", "unknown"},
+	resultGone:     {"client_gone", "client_gone"},
 }

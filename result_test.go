@@ -9,7 +9,7 @@ func TestResultNames(t *testing.T) {
 	want := map[string]string{
 		"new": "new", "replay": "replay", "conflict": "conflict", "mismatch": "mismatch",
 		"bypass": "bypass", "invalid": "invalid", "too_large": "too_large", "error": "store_error",
-		"unknown": "unknown",
+		"unknown": "unknown", "client_gone": "client_gone",
 	}
 	for r := range numResults {
 		value, _ := results[r].value.(string)

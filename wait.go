@@ -54,6 +54,9 @@ func (h *Handler) wait(w http.ResponseWriter, r *http.Request, repl *caddy.Repla
 		unwatch()
 		rec, err := h.store.Acquire(ctx, key, c)
 		switch {
+		case err != nil && r.Context().Err() != nil:
+			endWait(span, "client_left")
+			return h.acquireFailed(w, r, repl, next, key, c.Token, err)
 		case err != nil:
 			endWait(span, "store_error")
 			return h.acquireFailed(w, r, repl, next, key, c.Token, err)

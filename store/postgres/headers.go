@@ -8,20 +8,21 @@ import (
 	"unicode/utf8"
 )
 
-// The headers column is jsonb, an object of arrays of strings, as
-// encoding/json writes an http.Header. The store writes and reads that
-// JSON itself, on every completion and replay: encoding/json took 2.8 µs
-// and 21 allocations to encode and decode two headers, these take 0.7 µs
-// and 4 (BenchmarkHeadersEncodingJSON, BenchmarkAppendHeaders,
-// BenchmarkParseHeaders). A column of another type, such as the codec's
-// binary encoding in a bytea, would have saved the server little more, at
-// the price of a migration, and instances not yet upgraded would have
-// replayed the records of upgraded ones without headers.
+// The headers column holds an object of arrays of strings, as
+// encoding/json writes an http.Header, but in a bytea: a header value may
+// hold bytes that are not UTF-8 (HTTP allows obs-text), which neither text
+// nor jsonb can keep, so strings keep them as they are, and control
+// characters, NUL included, are \u escapes. Headers that are UTF-8 are
+// plain JSON (convert_from(headers, 'UTF8')::jsonb reads them in SQL). The
+// store writes and reads it itself, on every completion and replay:
+// encoding/json took 2.8 µs and 21 allocations to encode and decode two
+// headers, these take 0.7 µs and 4 (BenchmarkHeadersEncodingJSON,
+// BenchmarkAppendHeaders, BenchmarkParseHeaders).
 
 // appendHeaders appends h as a JSON object. Strings are escaped as much as
-// JSON needs, and invalid UTF-8 becomes U+FFFD as with encoding/json: the
-// server refuses text that is not UTF-8. (encoding/json also escapes <, >,
-// & and U+2028-9, for HTML; jsonb keeps none of that.)
+// JSON needs, and bytes that are not UTF-8 are kept, so that every header
+// round-trips exactly. (encoding/json also escapes <, >, & and U+2028-9,
+// for HTML; nothing here needs that.)
 func appendHeaders(dst []byte, h http.Header) []byte {
 	dst = append(dst, '{')
 	first := true
@@ -54,16 +55,6 @@ func appendJSONString(dst []byte, s string) []byte {
 	start := 0
 	for i := 0; i < len(s); {
 		c := s[i]
-		if c >= utf8.RuneSelf {
-			r, size := utf8.DecodeRuneInString(s[i:])
-			if r == utf8.RuneError && size == 1 {
-				dst = append(dst, s[start:i]...)
-				dst = append(dst, `\ufffd`...)
-				start = i + 1
-			}
-			i += size
-			continue
-		}
 		if c >= 0x20 && c != '"' && c != '\\' {
 			i++
 			continue

@@ -87,7 +87,7 @@ func (s *Store) InFlight(ctx context.Context, olderThan time.Duration, limit int
 	for rows.Next() {
 		var key []byte
 		e := store.Entry{Summary: store.Summary{State: store.InProgress}}
-		if err := rows.Scan(&key, &e.Endpoint, &e.CreatedAt, &e.ExpiresAt); err != nil {
+		if err := rows.Scan(&key, (*endpointColumn)(&e.Endpoint), &e.CreatedAt, &e.ExpiresAt); err != nil {
 			rows.Close()
 			return nil, s.unavailable("listing claims", err)
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -42,7 +43,7 @@ func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (*st
 	c.TookOver = false
 	for range acquireAttempts {
 		r := new(row)
-		err := s.db.pool.QueryRow(ctx, s.db.q.acquire, key[:], c.Token[:], c.Endpoint, c.Fingerprint[:], micros(c.Lease)).
+		err := s.db.pool.QueryRow(ctx, s.db.q.acquire, key[:], c.Token[:], bytesOf(c.Endpoint), c.Fingerprint[:], micros(c.Lease)).
 			Scan(r.acquired()...)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
@@ -84,7 +85,7 @@ func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (*st
 // takeOver replaces the key's expired row with c's claim. It reports false
 // when the row is no longer expired or is gone: Acquire then looks again.
 func (s *Store) takeOver(ctx context.Context, key store.Key, c *store.Claim) (bool, error) {
-	err := s.db.pool.QueryRow(ctx, s.db.q.takeover, key[:], c.Token[:], c.Endpoint, c.Fingerprint[:], micros(c.Lease)).
+	err := s.db.pool.QueryRow(ctx, s.db.q.takeover, key[:], c.Token[:], bytesOf(c.Endpoint), c.Fingerprint[:], micros(c.Lease)).
 		Scan(&c.CreatedAt)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
@@ -178,14 +179,31 @@ func (s *Store) exec(ctx context.Context, op, sql string, args ...any) error {
 }
 
 // unavailable wraps every database error in store.ErrUnavailable, with a
-// hint when the table is missing because create_table is off.
+// hint when the table is missing because create_table is off, or has the
+// text endpoint and jsonb headers of a table made before they were bytea.
 func (s *Store) unavailable(op string, err error) error {
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
-		return fmt.Errorf("%w: %s: table %s does not exist; create it (see DDL) or turn create_table on: %w",
-			store.ErrUnavailable, op, s.db.qualified, err)
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "42P01": // undefined_table
+			return fmt.Errorf("%w: %s: table %s does not exist; create it (see DDL) or turn create_table on: %w",
+				store.ErrUnavailable, op, s.db.qualified, err)
+		case "42804": // datatype_mismatch
+			return fmt.Errorf("%w: %s: table %s needs bytea endpoint and headers columns; run %s: %w",
+				store.ErrUnavailable, op, s.db.qualified, byteaMigration(s.db.qualified), err)
+		}
 	}
 	return store.Unavailable(op, err)
+}
+
+// bytesOf is s as the bytes of a bytea argument, without a copy: pgx only
+// reads an argument, into its own buffer, before the call returns. An
+// empty string is an empty bytea, not NULL.
+func bytesOf(s string) []byte {
+	if s == "" {
+		return []byte{}
+	}
+	return unsafe.Slice(unsafe.StringData(s), len(s))
 }
 
 // micros rounds d up to whole microseconds, PostgreSQL's resolution, at

@@ -14,8 +14,8 @@ import (
 // row is what Acquire and Lookup scan a record row into: the columns
 // state, token, endpoint, fingerprint, status, headers, body, truncated,
 // created_at, in that order, go straight into rec. State, token,
-// fingerprint and headers are decoded from the driver's buffer, not from
-// copies that pgx would allocate for them.
+// endpoint, fingerprint and headers are decoded from the driver's buffer,
+// not from copies that pgx would allocate for them.
 type row struct {
 	rec    store.Record
 	status int32
@@ -44,7 +44,7 @@ func outcomeColumns(rec *store.Record) (status int, truncated bool) {
 func (r *row) columns(at int) {
 	rec := &r.rec
 	copy(r.dest[at:], []any{
-		(*stateColumn)(&rec.State), (*tokenColumn)(&rec.Token), &rec.Endpoint,
+		(*stateColumn)(&rec.State), (*tokenColumn)(&rec.Token), (*endpointColumn)(&rec.Endpoint),
 		(*fingerprintColumn)(&rec.Fingerprint), &r.status, (*headersColumn)(&rec.Header),
 		&rec.Body, &rec.Truncated, &rec.CreatedAt,
 	})
@@ -137,8 +137,17 @@ func (t *ttlColumn) ScanInterval(v pgtype.Interval) error {
 	return nil
 }
 
-// headersColumn is the jsonb headers column, as PostgreSQL gives it back:
-// its text.
+// endpointColumn is the bytea endpoint column: any bytes the client sent.
+type endpointColumn string
+
+func (e *endpointColumn) ScanBytes(b []byte) error {
+	if b != nil {
+		*e = endpointColumn(b)
+	}
+	return nil
+}
+
+// headersColumn is the bytea headers column, as headers.go writes it.
 type headersColumn http.Header
 
 func (h *headersColumn) ScanBytes(b []byte) error {

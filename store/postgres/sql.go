@@ -17,6 +17,10 @@ import (
 // writes the table, a seventh of the server's instructions per new key,
 // and only the store writes the column. Tables made with the constraint
 // keep working.
+//
+// endpoint and headers are bytea, not text or jsonb: they hold what the
+// client and the upstream sent, and PostgreSQL's text refuses NUL and
+// invalid UTF-8 (headers.go).
 func DDL(schema, table string) string {
 	name := qualify(schema, table)
 	index := pgx.Identifier{table + "_expires_at_idx"}.Sanitize()
@@ -25,10 +29,10 @@ func DDL(schema, table string) string {
 	key         bytea       PRIMARY KEY,
 	state       text        NOT NULL,
 	token       bytea       NOT NULL,
-	endpoint    text        NOT NULL,
+	endpoint    bytea       NOT NULL,
 	fingerprint bytea       NOT NULL,
 	status      integer     NOT NULL DEFAULT 0,
-	headers     jsonb,
+	headers     bytea,
 	body        bytea,
 	truncated   boolean     NOT NULL DEFAULT false,
 	created_at  timestamptz NOT NULL DEFAULT now(),
@@ -37,6 +41,14 @@ func DDL(schema, table string) string {
 CREATE INDEX IF NOT EXISTS %[2]s ON %[1]s (expires_at);
 CREATE INDEX IF NOT EXISTS %[3]s ON %[1]s (created_at) WHERE state = 'in_progress';
 `, name, index, inFlight)
+}
+
+// byteaMigration returns the statement that turns the text endpoint and
+// jsonb headers of a table made by a pre-release version into the bytea
+// columns of DDL, keeping its rows; table is quoted (qualify).
+func byteaMigration(table string) string {
+	return fmt.Sprintf(`ALTER TABLE %s ALTER COLUMN endpoint TYPE bytea USING convert_to(endpoint, 'UTF8'), `+
+		`ALTER COLUMN headers TYPE bytea USING convert_to(headers::text, 'UTF8')`, table)
 }
 
 // qualify quotes the table name, so that it is used exactly as written.
@@ -138,12 +150,12 @@ func newQueries(table, channel string) queries {
 	FROM %[1]s WHERE key = $1
 ), claimed AS (
 	INSERT INTO %[1]s (key, state, token, endpoint, fingerprint, created_at, expires_at)
-	SELECT $1, 'in_progress', $2::bytea, $3::text, $4::bytea, now(), now() + $5::bigint * interval '1 microsecond'
+	SELECT $1, 'in_progress', $2::bytea, $3::bytea, $4::bytea, now(), now() + $5::bigint * interval '1 microsecond'
 	WHERE NOT EXISTS (SELECT FROM old)
 	ON CONFLICT (key) DO NOTHING
 	RETURNING 1
 )
-SELECT true, NULL::interval, NULL::text, NULL::bytea, '', NULL::bytea, 0, NULL::jsonb, NULL::bytea, false, now() FROM claimed
+SELECT true, NULL::interval, NULL::text, NULL::bytea, NULL::bytea, NULL::bytea, 0, NULL::bytea, NULL::bytea, false, now() FROM claimed
 UNION ALL
 SELECT false, ttl, state, token, endpoint, fingerprint, status, headers, body, truncated, created_at FROM old`, table),
 

@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"reflect"
@@ -125,8 +126,10 @@ CREATE INDEX %[3]s ON %[1]s (created_at) WHERE state = 'in_progress';
 `
 
 // A table made by earlier versions, with their rows in it (headers written
-// by encoding/json), works on as it is, with create_table on or off, waking
-// waiters across instances too.
+// by encoding/json), is refused with the statement that converts its text
+// endpoint and jsonb headers to bytea; once converted it works on, rows
+// included, with create_table on or off, waking waiters across instances
+// too.
 func TestTableOfEarlierVersions(t *testing.T) {
 	for _, create := range []bool{true, false} {
 		t.Run(fmt.Sprintf("create_table %t", create), func(t *testing.T) {
@@ -134,6 +137,23 @@ func TestTableOfEarlierVersions(t *testing.T) {
 			sqlExec(t, shared.DSN(), fmt.Sprintf(earlierDDL, qualify("", table),
 				qualify("", table+"_expires_at_idx"), qualify("", table+"_in_progress_idx")))
 			s := storetest.Provision(t, &Store{DSN: shared.DSN(), Table: table, CreateTable: &create})
+			header := http.Header{"Content-Type": {"application/json"}, "X-Multi": {"a", "b"}}
+			headerJSON, _ := json.Marshal(header)
+			before := storetest.NewKey()
+			sqlExec(t, shared.DSN(), `INSERT INTO `+s.db.qualified+` (key, state, token, endpoint, fingerprint, status, headers, body, expires_at)
+				VALUES ($1, 'completed', $2, 'POST /ordérs', $3, 201, $4, 'x', now() + interval '1 hour')`,
+				before[:], make([]byte, 16), make([]byte, 32), headerJSON)
+
+			_, err := s.Acquire(context.Background(), storetest.NewKey(), claim(time.Minute))
+			migrate := byteaMigration(s.db.qualified)
+			if !errors.Is(err, store.ErrUnavailable) || !strings.Contains(err.Error(), migrate) {
+				t.Fatalf("Acquire on an earlier table = %v, want ErrUnavailable naming %s", err, migrate)
+			}
+			sqlExec(t, shared.DSN(), migrate)
+			rec, err := s.Acquire(context.Background(), before, claim(time.Minute))
+			if err != nil || rec == nil || rec.Endpoint != "POST /ordérs" || !reflect.DeepEqual(rec.Header, header) {
+				t.Fatalf("replay of a row converted to bytea = %+v, %v", rec, err)
+			}
 			testEarlierRows(t, s)
 		})
 	}
