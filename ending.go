@@ -8,8 +8,8 @@ import (
 // The end of a claimed request: what became of it, decided in one place
 // (decideEnding) from what the recorder saw, and carried out by the small
 // effects in finish, release (recovery.go) and keepUnknown (outcome.go).
-// The README's "What a failed upstream leaves behind" is this function in
-// prose; ending_test.go has a row for each of its rows.
+// The table "What a failed upstream leaves behind" in docs/guarantees.md
+// is this function in prose; ending_test.go has a row for each of its rows.
 
 // ending is what a claim becomes once its request is done.
 type ending uint8

@@ -2,8 +2,8 @@ package idempotency
 
 import "testing"
 
-// TestDecideEnding has one row for each row of the README's table "What a
-// failed upstream leaves behind", then the answers that end a claim
+// TestDecideEnding has one row for each row of the table "What a failed
+// upstream leaves behind" in docs/guarantees.md, then the answers that end a claim
 // otherwise, each with the default options and with the option that
 // changes it.
 func TestDecideEnding(t *testing.T) {
@@ -23,7 +23,7 @@ func TestDecideEnding(t *testing.T) {
 		h    *Handler
 		want ending
 	}{
-		// The README's failure table.
+		// docs/guarantees.md's failure table.
 		{"never reached: connection refused, no upstream", seen{handlerErr: true}, defaults, endRelease},
 		{"never reached, with keep", seen{handlerErr: true}, keep, endRelease},
 		{"connection reset after the request was sent", seen{handlerErr: true, reached: true}, defaults, endRelease},

@@ -19,6 +19,8 @@ import (
 const (
 	rulesPath     = "docs/prometheus/idempotency-rules.yml"
 	rulesTestPath = "docs/prometheus/idempotency-rules.test.yml"
+	// operationsPath documents the metrics and the alerts.
+	operationsPath = "docs/operations.md"
 )
 
 type ruleFile struct {
@@ -99,7 +101,8 @@ var (
 )
 
 // Every alert tells the operator how urgent it is, what happened and
-// where the docs say what to do; the README's excerpt is the file's text.
+// where the docs say what to do; the operations page's excerpt is the
+// file's text.
 func TestRulesFile(t *testing.T) {
 	rules := loadRules(t).rules()
 	if len(rules) == 0 {
@@ -144,24 +147,24 @@ func TestRulesFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	readme, err := os.ReadFile("README.md")
+	ops, err := os.ReadFile(operationsPath)
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, metrics, _ := strings.Cut(string(readme), "\n## Metrics\n")
+	_, metrics, _ := strings.Cut(string(ops), "\n## Metrics\n")
 	metrics, _, _ = strings.Cut(metrics, "\n## ")
 	for _, r := range rules {
 		if !strings.Contains(metrics, fmt.Sprintf("| `%s` | %s |", r.Alert, r.Labels["severity"])) {
-			t.Errorf("README.md: the Metrics section's table lacks %s (%s)", r.Alert, r.Labels["severity"])
+			t.Errorf("%s: the Metrics section's table lacks %s (%s)", operationsPath, r.Alert, r.Labels["severity"])
 		}
 	}
 	blocks := yamlCodeBlocks.FindAllStringSubmatch(metrics, -1)
 	if len(blocks) == 0 {
-		t.Error("README.md: the Metrics section shows no rule")
+		t.Errorf("%s: the Metrics section shows no rule", operationsPath)
 	}
 	for _, b := range blocks {
 		if !strings.Contains(string(rulesText), b[1]) {
-			t.Errorf("README.md: the Metrics section's excerpt is not in %s:\n%s", rulesPath, b[1])
+			t.Errorf("%s: the Metrics section's excerpt is not in %s:\n%s", operationsPath, rulesPath, b[1])
 		}
 	}
 }
