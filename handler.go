@@ -24,15 +24,14 @@ var trueValue = []string{"true"}
 
 // ServeHTTP implements caddyhttp.MiddlewareHandler.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	values := r.Header[h.keyField]
+	h.dropForwardedKey(r) // after reading the key: forward_key may name its header
 	if !h.covers(r.Method) {
-		h.dropForwardedKey(r)
 		return next.ServeHTTP(w, r)
 	}
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 
 	// The key is validated before anything touches the store.
-	values := r.Header[h.keyField]
-	h.dropForwardedKey(r) // after reading the key: forward_key may name its header
 	switch {
 	case len(values) == 0 && h.Required:
 		return h.refuse(w, r, repl, resultInvalid, h.problems.missing)
