@@ -15,6 +15,12 @@ import (
 // its own timeouts (seconds at most). A variable for the tests.
 var drainMargin = 5 * time.Second
 
+// detachLinger is how long Detach keeps a store that a reload replaced
+// open even when no request holds it: a request that the old server read
+// just before it stopped may start after the Cleanup, and must find its
+// store open when it takes its hold. A variable for the tests.
+var detachLinger = time.Second
+
 // Holds counts the requests that use one provisioned store, so that the
 // store's shared backend (client, pool, file, table) outlives its Cleanup
 // while they need it. Caddy cleans up the old config of a reload as soon
@@ -82,21 +88,26 @@ func (h *Holds) Give() {
 }
 
 // later arranges for release, which gives the backend back, to run once
-// no hold is left, or at the latest after the longest lease plus
-// drainMargin. It reports false, and keeps nothing, if no hold is left
-// now: the caller gives the backend back at once.
-func (h *Holds) later(release func()) bool {
+// no hold is left, and at the latest after the longest lease plus
+// drainMargin. A store that a reload replaced lingers too, at least
+// detachLinger: the linger is a hold of its own. It reports false, and
+// keeps nothing, if no hold is left and none lingers: the caller gives the
+// backend back at once.
+func (h *Holds) later(release func(), replaced bool) bool {
 	if h == nil {
 		return false
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.detached.Store(true)
-	if h.n.Load() == 0 {
+	if replaced {
+		h.n.Add(1)
+		time.AfterFunc(detachLinger, h.Give)
+	} else if h.n.Load() == 0 {
 		return false
 	}
 	h.release = release
-	h.timer = time.AfterFunc(time.Duration(h.lease.Load())+drainMargin, h.expire)
+	h.timer = time.AfterFunc(max(time.Duration(h.lease.Load()), detachLinger)+drainMargin, h.expire)
 	return true
 }
 
@@ -132,11 +143,11 @@ func (h *Holds) runLocked() {
 
 // closeLater is how Detach gives back the pool entry at key of a store
 // that holds remain on: with the last of them, logging what closing said.
-func closeLater(h *Holds, name string, pool interface{ Delete(key any) (bool, error) }, key string) bool {
+func closeLater(h *Holds, replaced bool, name string, pool interface{ Delete(key any) (bool, error) }, key string) bool {
 	return h.later(func() {
 		if _, err := pool.Delete(key); err != nil {
 			caddy.Log().Named("idempotency.store").Error("closing a store replaced by a reload",
 				zap.String("store", name), zap.Error(err))
 		}
-	})
+	}, replaced)
 }

@@ -43,6 +43,23 @@ func provisioned(t *testing.T, pool *caddy.UsagePool, name, key string) (*fake, 
 	return s, val.(*backend)
 }
 
+// shortLinger makes Detach's linger short for one test.
+func shortLinger(t *testing.T) {
+	linger := detachLinger
+	detachLinger = 20 * time.Millisecond
+	t.Cleanup(func() { detachLinger = linger })
+}
+
+// waitClosed waits for b to be closed, at most a few seconds.
+func waitClosed(t *testing.T, b *backend, what string) {
+	t.Helper()
+	select {
+	case <-b.closed:
+	case <-time.After(5 * time.Second):
+		t.Fatal(what)
+	}
+}
+
 func wantReferences(t *testing.T, pool *caddy.UsagePool, key string, want int) {
 	t.Helper()
 	if n, _ := pool.References(key); n != want {
@@ -54,6 +71,7 @@ func wantReferences(t *testing.T, pool *caddy.UsagePool, key string, want int) {
 // stays open across its Cleanup while a request holds the store, and is
 // closed, its pool entry gone, with the last hold.
 func TestDetachWaitsForHolds(t *testing.T) {
+	shortLinger(t)
 	pool := caddy.NewUsagePool()
 	const name = "fake holds-test"
 	old, oldBackend := provisioned(t, pool, name, "old")
@@ -78,9 +96,7 @@ func TestDetachWaitsForHolds(t *testing.T) {
 		t.Fatal("the backend was closed while a hold is left")
 	}
 	holds.Give()
-	if !oldBackend.isClosed() {
-		t.Fatal("the backend is still open after the last hold was given back")
-	}
+	waitClosed(t, oldBackend, "the backend is still open after the last hold was given back")
 	if _, ok := pool.References("old"); ok {
 		t.Fatal("the old pool entry is still there after the last hold: leaked")
 	}
@@ -91,29 +107,61 @@ func TestDetachWaitsForHolds(t *testing.T) {
 	}
 }
 
-// Without holds, Detach gives the backend back at once, as before.
+// A store that nothing replaced and no request holds (Caddy stops, a
+// test ends) is given back at once.
 func TestDetachWithoutHolds(t *testing.T) {
 	pool := caddy.NewUsagePool()
 	const name = "fake holds-none"
 	s, b := provisioned(t, pool, name, "k")
 	h := HoldsOf(s)
 	h.Take(time.Minute)
-	h.Give() // a request that ended before the reload
+	h.Give() // a request that ended before the Cleanup
 	key := "k"
 	if err := Detach(s, name, pool, &key); err != nil {
 		t.Fatal(err)
 	}
 	if !b.isClosed() {
-		t.Fatal("the backend is still open after a Cleanup that no request holds")
+		t.Fatal("the backend is still open after a Cleanup that nothing replaced and no request holds")
 	}
 	if key != "" || Detach(s, name, pool, &key) != nil {
 		t.Fatal("a second Detach did something")
 	}
 }
 
+// A store that a reload replaced lingers even without holds: a request
+// that the old server read just before it stopped starts after the
+// Cleanup, and must find its store open when it takes its hold.
+func TestDetachReplacedLingers(t *testing.T) {
+	shortLinger(t)
+	pool := caddy.NewUsagePool()
+	const name = "fake holds-linger"
+	s, b := provisioned(t, pool, name, "old")
+	h := HoldsOf(s)
+	_, newBackend := provisioned(t, pool, name, "new") // the new config
+	key := "old"
+	start := time.Now()
+	if err := Detach(s, name, pool, &key); err != nil {
+		t.Fatal(err)
+	}
+	h.Take(time.Minute) // the old config's straggler, just after the Cleanup
+	time.Sleep(2 * detachLinger)
+	if b.isClosed() {
+		t.Fatal("the backend was closed under a request that took its hold within the linger")
+	}
+	h.Give()
+	waitClosed(t, b, "the backend is still open after the linger and the last hold")
+	if took := time.Since(start); took < detachLinger {
+		t.Fatalf("closed %v after the Cleanup, before the linger (%v)", took, detachLinger)
+	}
+	if newBackend.isClosed() {
+		t.Fatal("the new config's backend was closed")
+	}
+}
+
 // A hold that is never given back (a hung request) keeps the backend for
 // its lease plus drainMargin, not for ever.
 func TestDetachBound(t *testing.T) {
+	shortLinger(t)
 	margin := drainMargin
 	drainMargin = 20 * time.Millisecond
 	t.Cleanup(func() { drainMargin = margin })
@@ -146,6 +194,7 @@ func TestDetachBound(t *testing.T) {
 // A reload back to the old options within the drain reuses the old
 // backend: the deferred give-back leaves the new config's reference.
 func TestDetachThenReloadBack(t *testing.T) {
+	shortLinger(t)
 	pool := caddy.NewUsagePool()
 	const name = "fake holds-back"
 	old, b := provisioned(t, pool, name, "k")
@@ -160,6 +209,7 @@ func TestDetachThenReloadBack(t *testing.T) {
 		t.Fatal("the config that asks for the old options again got a new backend")
 	}
 	h.Give()
+	time.Sleep(5 * detachLinger) // the linger passes too
 	if b.isClosed() {
 		t.Fatal("the backend the current config uses was closed")
 	}
@@ -171,7 +221,7 @@ func TestHoldsNil(t *testing.T) {
 	h := HoldsOf(&fake{})
 	h.Take(time.Second)
 	h.Give()
-	if h.later(func() { t.Fatal("ran") }) {
+	if h.later(func() { t.Fatal("ran") }, true) {
 		t.Fatal("nil holds deferred a release")
 	}
 }

@@ -100,12 +100,13 @@ func checkName(name string) error {
 // than once, or for a store that was never registered.
 func Unregister(name string, s Store) { unregister(name, s) }
 
-// unregister is Unregister, returning the holds of s if it was registered.
-func unregister(name string, s Store) *Holds {
+// unregister is Unregister, returning the holds of s if it was registered,
+// and whether another store is registered for the same records: the store
+// of a config that replaced s's.
+func unregister(name string, s Store) (holds *Holds, replaced bool) {
 	registry.Lock()
 	defer registry.Unlock()
 	list := registry.stores[name]
-	var holds *Holds
 	if i := slices.IndexFunc(list, func(e entry) bool { return e.Store == s }); i >= 0 {
 		holds = list[i].holds
 		list = slices.Delete(list, i, i+1)
@@ -115,7 +116,7 @@ func unregister(name string, s Store) *Holds {
 	} else {
 		registry.stores[name] = list
 	}
-	return holds
+	return holds, len(list) > 0
 }
 
 // Detach undoes what a store's Provision did with a shared backend: it
@@ -129,10 +130,10 @@ func Detach(s Store, name string, pool interface{ Delete(key any) (bool, error) 
 	if *poolKey == "" {
 		return nil
 	}
-	holds := unregister(name, s)
+	holds, replaced := unregister(name, s)
 	key := *poolKey
 	*poolKey = ""
-	if closeLater(holds, name, pool, key) {
+	if closeLater(holds, replaced, name, pool, key) {
 		return nil
 	}
 	_, err := pool.Delete(key)

@@ -36,8 +36,18 @@ func CheckReplacedByReload(t *testing.T, old, replacement Module) {
 		t.Fatalf("the new config's Acquire of the key completed across the reload = %+v, %v; want its response", rec, err)
 	}
 	holds.Give()
-	if _, err := old.Acquire(ctx(t), NewKey(), newClaim(time.Minute)); !errors.Is(err, store.ErrUnavailable) {
-		t.Fatalf("Acquire on the old store after its last hold was given back = %v, want ErrUnavailable (its backend closed)", err)
+	// The backend closes once the last hold is back and Detach's linger
+	// (a second) has passed.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		_, err := old.Acquire(ctx(t), NewKey(), newClaim(time.Minute))
+		if errors.Is(err, store.ErrUnavailable) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Acquire on the old store 5s after its last hold was given back = %v, want ErrUnavailable (its backend closed)", err)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 	if _, err := replacement.Acquire(ctx(t), NewKey(), newClaim(time.Minute)); err != nil {
 		t.Fatalf("the new config's store after the old one closed: %v", err)
