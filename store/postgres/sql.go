@@ -68,16 +68,12 @@ type queries struct {
 	lookup, delete, inFlight                                 string
 }
 
-// The statements of one key find its row through the primary key alone.
-// Their conditions on the row's state and expiry are written in forms that
-// no index matches (state <> 'completed' says "in progress" of the two
-// states): a condition that the partial index of claims in flight or the
-// expires_at index could serve lets the planner walk that index instead,
-// filtering each entry for the key, whenever the statistics make its range
-// look small, and pgx keeps a statement's plan for the connection's life.
-// Under a steady stream of new keys the partial index holds thousands of
-// dead entries, and each completion took 0.7 ms walking them; a takeover
-// would walk every expired row not yet reaped.
+// The statements of one key find their row through the primary key alone:
+// their state and expiry conditions are written in forms that no index
+// matches (state <> 'completed' says "in progress" of the two states).
+// A condition that the in-flight or expires_at index could serve lets the
+// planner walk that index instead, for the connection's life, and those
+// indexes fill with dead entries under a stream of new keys.
 const (
 	isLive    = `(expires_at > now()) IS TRUE`
 	isExpired = `(expires_at <= now()) IS TRUE`
@@ -89,27 +85,15 @@ const (
 const owned = `key = $1 AND token = $2 AND state <> 'completed' AND ` + isLive
 
 // Waiting duplicates on other instances are woken over the table's
-// channel (events.go). Announcing the end of every claim would make every
-// completion a NOTIFY, which PostgreSQL serializes at commit across the
-// whole cluster, and deliver it to every instance. So a waiter that finds
-// a claim in progress marks its row watched (watch): an in-progress row's
-// status, which is 0 and unused until the completion writes the
-// response's, becomes watchedStatus, a status no response has. The
-// completion and release then notify in their own statement, and only for
-// a watched row: the condition notifyIfWatched is always true, and calls
-// pg_notify on its way when the row it is checked on is watched. The
-// planner checks it after the cheaper ones, so a row that the token does
-// not own is normally left alone; a notification too many is harmless, a
-// spurious wake-up.
-//
-// The mark and the end are serialized by the row's lock: a waiter's mark
-// waits for an uncommitted completion and then finds the row completed
-// (not in progress: the waiter reads it at once); a completion that
-// waits for an uncommitted mark, or began before a mark committed, checks
-// its conditions again on the row's newest version, watched, and
-// notifies. A purge (Inspector Delete) always notifies, for the local
-// tiers. No column is added: tables of earlier versions need no change, and
-// a takeover, which sets status to 0, drops the mark with the dead claim.
+// channel (events.go), but only for the claims someone waits for, since
+// PostgreSQL serializes every NOTIFY at commit across the cluster. A waiter
+// marks the in-progress row watched (watch) by setting its status, unused
+// until the completion, to watchedStatus, which no response has; the
+// completion and release then notify in their own statement, only for a
+// watched row (notifyIfWatched). The row's lock orders the mark and the
+// end: either the waiter reads the completion, or the completion sees the
+// mark. A purge always notifies, for the local tiers; a takeover, which
+// sets status to 0, drops the mark with the dead claim.
 const watchedStatus = -1
 
 // notifyIfWatched is the condition of the completion and release on
