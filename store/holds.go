@@ -143,7 +143,7 @@ func (h *Holds) runLocked() {
 
 // closeLater is how Detach gives back the pool entry at key of a store
 // that holds remain on: with the last of them, logging what closing said.
-func closeLater(h *Holds, replaced bool, name string, pool interface{ Delete(key any) (bool, error) }, key string) bool {
+func closeLater(h *Holds, replaced bool, name string, pool usagePool, key string) bool {
 	return h.later(func() {
 		if _, err := pool.Delete(key); err != nil {
 			caddy.Log().Named("idempotency.store").Error("closing a store replaced by a reload",

@@ -126,18 +126,28 @@ func unregister(name string, s Store) (holds *Holds, replaced bool) {
 // of them, within a bound (holds.go), and an error closing the resource is
 // logged rather than returned. It clears *poolKey, so that a second call,
 // or one for a store that never got the resource, does nothing.
-func Detach(s Store, name string, pool interface{ Delete(key any) (bool, error) }, poolKey *string) error {
+func Detach(s Store, name string, pool usagePool, poolKey *string) error {
 	if *poolKey == "" {
 		return nil
 	}
 	holds, replaced := unregister(name, s)
 	key := *poolKey
 	*poolKey = ""
+	if n, _ := pool.References(key); n > 1 {
+		replaced = false // another config uses the same backend: it stays open
+	}
 	if closeLater(holds, replaced, name, pool, key) {
 		return nil
 	}
 	_, err := pool.Delete(key)
 	return err
+}
+
+// usagePool is what Detach needs of the caddy.UsagePool of a store's
+// backends.
+type usagePool interface {
+	Delete(key any) (bool, error)
+	References(key any) (int, bool)
 }
 
 // Registered returns the registered stores, one per name (the instance
