@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddy-idempotency/caddy-idempotency/internal/faultproxy"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/testredis"
 )
 
@@ -70,14 +69,7 @@ func TestRedisMinReplicasPausedReplica(t *testing.T) {
 // while the link was cut got 503 instead).
 func TestRedisMinReplicasFailover(t *testing.T) {
 	t.Parallel()
-	var link *faultproxy.Proxy
-	sg := testredis.StartSentinelWith(t, testredis.SentinelOptions{
-		FailoverTimeout: time.Minute,
-		ReplicaSource: func(master string) string {
-			link = faultproxy.Start(t, master)
-			return link.Addr()
-		},
-	})
+	sg, link := testredis.StartSentinelBehindLink(t)
 	sg.WaitReplicated(t)
 	u := startUpstream(t)
 	store := func(n int) string {

@@ -14,6 +14,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/caddy-idempotency/caddy-idempotency/internal/faultproxy"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/testproc"
 )
 
@@ -53,6 +54,23 @@ const sentinelMaster = "mymaster"
 func StartSentinel(t testing.TB) *Sentinel {
 	t.Helper()
 	return StartSentinelWith(t, SentinelOptions{})
+}
+
+// StartSentinelBehindLink starts a Sentinel group whose replica
+// replicates through a fault proxy, returned, so that a test can cut the
+// replication link. Sentinel repoints a replica whose source is not the
+// master's address only after failover-timeout, here a minute: long after
+// the test.
+func StartSentinelBehindLink(t testing.TB) (*Sentinel, *faultproxy.Proxy) {
+	var link *faultproxy.Proxy
+	sg := StartSentinelWith(t, SentinelOptions{
+		FailoverTimeout: time.Minute,
+		ReplicaSource: func(master string) string {
+			link = faultproxy.Start(t, master)
+			return link.Addr()
+		},
+	})
+	return sg, link
 }
 
 // StartSentinelWith starts the group that opts describes.

@@ -14,7 +14,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/caddy-idempotency/caddy-idempotency/internal/faultproxy"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/testredis"
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 	"github.com/caddy-idempotency/caddy-idempotency/store/storetest"
@@ -117,14 +116,7 @@ func TestMinReplicasContract(t *testing.T) {
 // replica_timeout; with the link back, claims succeed, and each is on the
 // replica when Acquire returns.
 func TestMinReplicasWithdrawsUnacknowledgedClaim(t *testing.T) {
-	var link *faultproxy.Proxy
-	sg := testredis.StartSentinelWith(t, testredis.SentinelOptions{
-		FailoverTimeout: time.Minute,
-		ReplicaSource: func(master string) string {
-			link = faultproxy.Start(t, master)
-			return link.Addr()
-		},
-	})
+	sg, link := testredis.StartSentinelBehindLink(t)
 	s := openReplicated(t, sg, "withdraw")
 	ctx := context.Background()
 	master, replica := sg.Client(sg.InitialMasterAddr()), sg.Client(sg.InitialReplicaAddr())
@@ -242,14 +234,7 @@ func TestMinReplicasPausedReplica(t *testing.T) {
 // min_replicas 1, those claims were refused (503) instead, and none is
 // lost.
 func TestMinReplicasFailoverLosesNoClaim(t *testing.T) {
-	var link *faultproxy.Proxy
-	sg := testredis.StartSentinelWith(t, testredis.SentinelOptions{
-		FailoverTimeout: time.Minute,
-		ReplicaSource: func(master string) string {
-			link = faultproxy.Start(t, master)
-			return link.Addr()
-		},
-	})
+	sg, link := testredis.StartSentinelBehindLink(t)
 	stores := map[string]*Store{
 		"min_replicas 0": openSentinel(t, sg, "failover"),
 		"min_replicas 1": openReplicated(t, sg, "failover"),
@@ -442,14 +427,7 @@ func BenchmarkMinReplicas(b *testing.B) {
 // completion there, so the retry is replayed instead of waiting for the
 // lease to pass and running again.
 func TestMinReplicasCompletionResentAfterFailover(t *testing.T) {
-	var link *faultproxy.Proxy
-	sg := testredis.StartSentinelWith(t, testredis.SentinelOptions{
-		FailoverTimeout: time.Minute,
-		ReplicaSource: func(master string) string {
-			link = faultproxy.Start(t, master)
-			return link.Addr()
-		},
-	})
+	sg, link := testredis.StartSentinelBehindLink(t)
 	s := openReplicated(t, sg, "resent")
 	lookup := openSentinel(t, sg, "resent")
 	ctx := context.Background()

@@ -11,7 +11,6 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/caddy-idempotency/caddy-idempotency/internal/faultproxy"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/testredis"
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 	"github.com/caddy-idempotency/caddy-idempotency/store/storetest"
@@ -247,16 +246,7 @@ func TestSentinelFailoverDuringTraffic(t *testing.T) {
 // documented limit of Redis Sentinel (and of Cluster failover after a
 // crash), not something the store can prevent with SET and scripts alone.
 func TestSentinelUnreplicatedClaimIsLost(t *testing.T) {
-	var link *faultproxy.Proxy
-	sg := testredis.StartSentinelWith(t, testredis.SentinelOptions{
-		// Sentinel repoints a replica whose source is not the master's
-		// address only after failover-timeout: long after this test.
-		FailoverTimeout: time.Minute,
-		ReplicaSource: func(master string) string {
-			link = faultproxy.Start(t, master)
-			return link.Addr()
-		},
-	})
+	sg, link := testredis.StartSentinelBehindLink(t)
 	s := openSentinel(t, sg, "lost")
 	ctx := context.Background()
 
