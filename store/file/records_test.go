@@ -129,6 +129,92 @@ func TestAcquireWithdrawsBehindACompletion(t *testing.T) {
 	}
 }
 
+// Two duplicates that read the file just before an owner's completion is
+// committed, and claim the key just after the owner dropped its claim: the
+// one that claims second must not be shown the first one's claim, which
+// will never run, as the key's record. This is the window that
+// TestNoClaimDuringCompletion hits now and then, made to happen every time.
+func TestNoPhantomClaimBehindACompletion(t *testing.T) {
+	s := storetest.Provision(t, &Store{Path: t.TempDir()})
+	ctx := context.Background()
+	k, owner := storetest.NewKey(), claim(time.Minute)
+	if rec, err := s.Acquire(ctx, k, owner); rec != nil || err != nil {
+		t.Fatal(rec, err)
+	}
+
+	// Acquire asks the time once inside its read of the file and once to
+	// claim. The clock stops the duplicates at the calls counted in pauses:
+	// the first (calls 1, 2) and the second (3, 4) each before its claim,
+	// then, once the owner has completed, the first after its claim (5)
+	// while the second claims. Later calls, and the owner's, pass.
+	defer func(f func() time.Time) { now = f }(now)
+	var mu sync.Mutex
+	calls, counting := 0, true
+	pauses := map[int]bool{2: true, 4: true, 5: true}
+	paused, resume := make(chan int), make(chan struct{})
+	now = func() time.Time {
+		mu.Lock()
+		n := 0
+		if counting {
+			calls++
+			n = calls
+		}
+		mu.Unlock()
+		if pauses[n] {
+			paused <- n
+			<-resume
+		}
+		return time.Now()
+	}
+	waitFor := func(want int) {
+		t.Helper()
+		select {
+		case n := <-paused:
+			if n != want {
+				t.Fatalf("paused at call %d, want %d", n, want)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no duplicate reached call %d: Acquire no longer asks the time where the test expects", want)
+		}
+	}
+	type result struct {
+		rec *store.Record
+		err error
+	}
+	acquire := func(out chan<- result) {
+		rec, err := s.Acquire(ctx, k, claim(time.Minute))
+		out <- result{rec, err}
+	}
+	first, second := make(chan result, 1), make(chan result, 1)
+	go acquire(first)
+	waitFor(2)
+	go acquire(second)
+	waitFor(4)
+	mu.Lock()
+	counting = false
+	mu.Unlock()
+	if err := s.Complete(ctx, k, owner, &store.Record{Status: 201}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	counting = true
+	mu.Unlock()
+	resume <- struct{}{} // the first claims, or finds the claim cannot be made
+	waitFor(5)
+	resume <- struct{}{} // the second claims
+	r2 := <-second
+	resume <- struct{}{} // the first goes on
+	r1 := <-first
+	for i, r := range []result{r1, r2} {
+		if r.err != nil || r.rec == nil || r.rec.State != store.Completed || r.rec.Token != owner.Token {
+			t.Errorf("duplicate %d behind a completion = %+v, %v; want the owner's completed record", i+1, r.rec, r.err)
+		}
+	}
+	if got, err := s.InFlight(ctx, 0, 10); err != nil || len(got) != 0 {
+		t.Fatalf("InFlight after the completion = %+v, %v; want nothing", got, err)
+	}
+}
+
 // Duplicates racing an owner's completion get the claim or the completed
 // record, never a claim of their own.
 func TestNoClaimDuringCompletion(t *testing.T) {
