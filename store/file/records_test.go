@@ -91,41 +91,47 @@ func TestOnlyCompletionsWriteTheFile(t *testing.T) {
 }
 
 // A completion committed between Acquire's read of the file and its claim
-// in memory is found by the second read: the claim is withdrawn and the
-// record returned, so the key never runs twice.
-func TestAcquireWithdrawsBehindACompletion(t *testing.T) {
+// in memory makes Acquire read the file again: it returns the record and
+// claims nothing, so the key never runs twice.
+func TestAcquireRereadsBehindACompletion(t *testing.T) {
 	s := storetest.Provision(t, &Store{Path: t.TempDir()})
 	ctx := context.Background()
 	k, owner := storetest.NewKey(), claim(time.Minute)
-	owner.CreatedAt = time.Now()
-	completed := append(expiry(time.Now().Add(time.Hour)), store.AppendCompleted(nil, owner, &store.Record{Status: 201})...)
+	if rec, err := s.Acquire(ctx, k, owner); rec != nil || err != nil {
+		t.Fatal(rec, err)
+	}
 
 	// Acquire asks the time once inside its first read, then once to
-	// claim: the record lands in between, as an owner's commit would.
+	// claim: the owner completes in between.
 	defer func(f func() time.Time) { now = f }(now)
-	calls := 0
+	calls, completing := 0, false
 	now = func() time.Time {
+		if completing {
+			return time.Now()
+		}
 		if calls++; calls == 2 {
-			if err := s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(records).Put(k[:], completed) }); err != nil {
+			completing = true
+			if err := s.Complete(ctx, k, owner, &store.Record{Status: 201}, time.Hour); err != nil {
 				t.Error(err)
 			}
+			completing = false
 		}
 		return time.Now()
 	}
 	c := claim(time.Minute)
 	rec, err := s.Acquire(ctx, k, c)
 	now = time.Now
-	if calls < 2 {
-		t.Fatalf("Acquire asked the time %d times; the test no longer reaches the claim", calls)
+	if calls < 3 {
+		t.Fatalf("Acquire asked the time %d times; the test no longer reaches the claim and the second read", calls)
 	}
 	if err != nil || rec == nil || rec.State != store.Completed || rec.Token != owner.Token {
 		t.Fatalf("Acquire behind a completion = %+v, %v; want the completed record", rec, err)
 	}
 	if err := s.Release(ctx, k, c.Token); !errors.Is(err, store.ErrNotOwner) {
-		t.Fatalf("the withdrawn claim can be released: %v", err)
+		t.Fatalf("the duplicate holds a claim: release = %v", err)
 	}
 	if got, err := s.InFlight(ctx, 0, 10); err != nil || len(got) != 0 {
-		t.Fatalf("InFlight after the withdrawal = %+v, %v; want nothing", got, err)
+		t.Fatalf("InFlight after the completion = %+v, %v; want nothing", got, err)
 	}
 }
 
@@ -145,8 +151,9 @@ func TestNoPhantomClaimBehindACompletion(t *testing.T) {
 	// Acquire asks the time once inside its read of the file and once to
 	// claim. The clock stops the duplicates at the calls counted in pauses:
 	// the first (calls 1, 2) and the second (3, 4) each before its claim,
-	// then, once the owner has completed, the first after its claim (5)
-	// while the second claims. Later calls, and the owner's, pass.
+	// then, once the owner has completed, the first at its next call (5:
+	// after its claim, or in a second read) while the second claims. Later
+	// calls, and the owner's, pass.
 	defer func(f func() time.Time) { now = f }(now)
 	var mu sync.Mutex
 	calls, counting := 0, true
