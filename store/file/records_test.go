@@ -157,8 +157,10 @@ func TestNoPhantomClaimBehindACompletion(t *testing.T) {
 	defer func(f func() time.Time) { now = f }(now)
 	var mu sync.Mutex
 	calls, counting := 0, true
-	pauses := map[int]bool{2: true, 4: true, 5: true}
-	paused, resume := make(chan int), make(chan struct{})
+	// Each pause has its own way on, so that only the duplicate meant to
+	// goes on.
+	resume := map[int]chan struct{}{2: make(chan struct{}), 4: make(chan struct{}), 5: make(chan struct{})}
+	paused := make(chan int)
 	now = func() time.Time {
 		mu.Lock()
 		n := 0
@@ -167,9 +169,9 @@ func TestNoPhantomClaimBehindACompletion(t *testing.T) {
 			n = calls
 		}
 		mu.Unlock()
-		if pauses[n] {
+		if on, ok := resume[n]; ok {
 			paused <- n
-			<-resume
+			<-on
 		}
 		return time.Now()
 	}
@@ -206,11 +208,11 @@ func TestNoPhantomClaimBehindACompletion(t *testing.T) {
 	mu.Lock()
 	counting = true
 	mu.Unlock()
-	resume <- struct{}{} // the first claims, or finds the claim cannot be made
+	close(resume[2]) // the first claims, or finds the claim cannot be made
 	waitFor(5)
-	resume <- struct{}{} // the second claims
+	close(resume[4]) // the second claims
 	r2 := <-second
-	resume <- struct{}{} // the first goes on
+	close(resume[5]) // the first goes on
 	r1 := <-first
 	for i, r := range []result{r1, r2} {
 		if r.err != nil || r.rec == nil || r.rec.State != store.Completed || r.rec.Token != owner.Token {
