@@ -2,6 +2,7 @@ package file
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 
 	berrors "go.etcd.io/bbolt/errors"
@@ -20,11 +21,30 @@ import (
 // An owner's completion is committed to the file before its claim is
 // dropped from here, so that a claim is never missing from both; Acquire
 // relies on that order.
+//
+// That order alone does not make Acquire's read of the file and its claim
+// here one step: a duplicate that read the file before a completion was
+// committed, and claims after its claim was dropped, would hold a claim on
+// a completed key, one that other duplicates would be shown as the key's
+// record. So each committed completion counts itself in settled, under the
+// lock, as it drops its claim, and take refuses to claim if the count for
+// the key's shard has changed since the caller read it, before its read of
+// the file: the caller reads the file again, and finds the completion.
 type claims struct {
-	mu     sync.Mutex
-	byKey  map[store.Key]*held
-	closed bool // the file is closed: every call fails as the file's would
+	mu      sync.Mutex
+	byKey   map[store.Key]*held
+	closed  bool // the file is closed: every call fails as the file's would
+	settled [settledShards]atomic.Uint64
 }
+
+// settledShards is how many counts of committed completions claims keeps,
+// a key's shard being its first byte (keys are SHA-256 sums): a completion
+// makes Acquire read the file again only for keys of its shard.
+const settledShards = 256
+
+// generation returns the count of committed completions of k's shard, to
+// be read before the file and given to take.
+func (cs *claims) generation(k store.Key) uint64 { return cs.settled[k[0]].Load() }
 
 // held is one claim.
 type held struct {
@@ -50,30 +70,26 @@ func (e *held) alive(n int64) bool { return e.storing || n < e.expires }
 
 // take claims k for c at t unless it is held, in which case it returns the
 // holder's record. tookOver is whether the claim replaced one whose lease
-// had passed, here or, as deadOnDisk says, in the file.
-func (cs *claims) take(k store.Key, c *store.Claim, t time.Time, deadOnDisk bool) (holder store.Encoded, mine *held, tookOver bool, err error) {
+// had passed, here or, as deadOnDisk says, in the file. gen is what
+// generation returned before the caller read the file; stale reports that
+// a completion of k's shard has been committed since, which that read may
+// have missed: nothing is claimed, and the caller must read the file again.
+func (cs *claims) take(k store.Key, c *store.Claim, t time.Time, deadOnDisk bool, gen uint64) (holder store.Encoded, tookOver, stale bool, err error) {
 	blob := store.AppendClaim(nil, c, t) // outside the lock: it needs nothing from it
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	if cs.closed {
-		return nil, nil, false, errClosed
+		return nil, false, false, errClosed
 	}
 	old := cs.byKey[k]
 	if old != nil && old.alive(t.UnixNano()) {
-		return old.blob, nil, false, nil
+		return old.blob, false, false, nil
 	}
-	mine = &held{blob: blob, expires: t.Add(c.Lease).UnixNano()}
-	cs.byKey[k] = mine
-	return nil, mine, old != nil || deadOnDisk, nil
-}
-
-// withdraw removes e, a claim that take just made, unless it is gone.
-func (cs *claims) withdraw(k store.Key, e *held) {
-	cs.mu.Lock()
-	defer cs.mu.Unlock()
-	if cs.byKey[k] == e {
-		delete(cs.byKey, k)
+	if cs.settled[k[0]].Load() != gen {
+		return nil, false, true, nil
 	}
+	cs.byKey[k] = &held{blob: blob, expires: t.Add(c.Lease).UnixNano()}
+	return nil, old != nil || deadOnDisk, false, nil
 }
 
 // owned returns k's claim if tok holds it at n. The caller holds the lock.
@@ -132,14 +148,18 @@ func (cs *claims) pin(k store.Key, tok store.Token, t time.Time) (*held, error) 
 }
 
 // settle ends the completion of e: a committed one drops the claim, which
-// the record in the file replaces; a failed one leaves the claim to its
-// owner, who may try again while its lease lasts. An operator may have
-// removed e meanwhile.
+// the record in the file replaces, and counts itself for take; a failed one
+// leaves the claim to its owner, who may try again while its lease lasts.
+// An operator may have removed e meanwhile.
 func (cs *claims) settle(k store.Key, e *held, committed bool) {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	e.storing = false
-	if committed && cs.byKey[k] == e {
+	if !committed {
+		return
+	}
+	cs.settled[k[0]].Add(1)
+	if cs.byKey[k] == e {
 		delete(cs.byKey, k)
 	}
 }

@@ -38,38 +38,38 @@ func (d *database) onDisk(key store.Key) (rec *store.Record, dead bool, err erro
 // lease passes), or a claim in memory. The claim itself is made in memory
 // and costs no sync.
 //
-// The file is read twice: an owner commits its completion before it drops
-// its claim, so a completion committed between the first read and the
-// claim is found by the second read, and the claim is withdrawn.
+// An owner commits its completion before it drops its claim, and counts it
+// as it does (claims.settle), so the claim is made only if no completion of
+// the key's shard was counted since before the file was read: one that
+// was is in the file, and the file is read again.
 func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (*store.Record, error) {
 	c.TookOver = false
-	if err := ctx.Err(); err != nil {
-		return nil, store.Unavailable("acquiring", err)
-	}
-	rec, dead, err := s.db.onDisk(key)
-	if err != nil {
-		return nil, store.Unavailable("acquiring", err)
-	}
-	if rec != nil {
-		return rec, nil
-	}
-	t := now()
-	holder, mine, tookOver, err := s.db.claims.take(key, c, t, dead)
-	if err != nil {
-		return nil, store.Unavailable("acquiring", err)
-	}
-	if holder != nil {
-		return store.DecodeRecord(holder)
-	}
-	if rec, _, err = s.db.onDisk(key); err != nil || rec != nil {
-		s.db.claims.withdraw(key, mine)
+	for {
+		if err := ctx.Err(); err != nil {
+			return nil, store.Unavailable("acquiring", err)
+		}
+		gen := s.db.claims.generation(key)
+		rec, dead, err := s.db.onDisk(key)
 		if err != nil {
 			return nil, store.Unavailable("acquiring", err)
 		}
-		return rec, nil
+		if rec != nil {
+			return rec, nil
+		}
+		t := now()
+		holder, tookOver, stale, err := s.db.claims.take(key, c, t, dead, gen)
+		if err != nil {
+			return nil, store.Unavailable("acquiring", err)
+		}
+		if stale {
+			continue
+		}
+		if holder != nil {
+			return store.DecodeRecord(holder)
+		}
+		c.TookOver, c.CreatedAt = tookOver, t
+		return nil, nil
 	}
-	c.TookOver, c.CreatedAt = tookOver, t
-	return nil, nil
 }
 
 // Complete writes rec, kept for ttl under c's binding, to the file if c
