@@ -5,6 +5,8 @@ import (
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
+
+	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
 // defaultEndpoint binds a key to the method, host and path of its first
@@ -43,4 +45,10 @@ func hostOnly(hostport string) string {
 		return hostport[:i]
 	}
 	return hostport
+}
+
+// boundTo reports whether rec was made by a request to the same endpoint
+// with the same payload as c's: a retry of it, not another use of its key.
+func boundTo(rec *store.Record, c *store.Claim) bool {
+	return rec.Endpoint == c.Endpoint && rec.Fingerprint == c.Fingerprint
 }

@@ -78,8 +78,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	switch {
 	case err != nil:
 		return h.acquireFailed(w, r, repl, next, key, claim.Token, err)
-	case rec != nil && rec.State == store.InProgress && h.MaxWait > 0 &&
-		rec.Endpoint == claim.Endpoint && rec.Fingerprint == claim.Fingerprint:
+	case rec != nil && rec.State == store.InProgress && h.MaxWait > 0 && boundTo(rec, claim):
 		return h.wait(w, r, repl, next, key, claim)
 	case rec != nil:
 		return h.answerFromRecord(w, r, repl, rec, claim)

@@ -71,7 +71,7 @@ func (s *sealing) Acquire(ctx context.Context, k store.Key, c *store.Claim) (*st
 		// encryption was turned on: nothing to open
 		return rec, nil
 	}
-	if rec.Endpoint != c.Endpoint || rec.Fingerprint != c.Fingerprint {
+	if !boundTo(rec, c) {
 		// refused with 422 whatever it holds: no need to open it
 		out := *rec
 		out.Header, out.Body = nil, nil

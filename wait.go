@@ -65,7 +65,7 @@ func (h *Handler) wait(w http.ResponseWriter, r *http.Request, repl *caddy.Repla
 			h.setResult(repl, resultNew)
 			h.claimed(key, c)
 			return h.execute(w, r, repl, next, key, c)
-		case rec.State != store.InProgress || rec.Endpoint != c.Endpoint || rec.Fingerprint != c.Fingerprint:
+		case rec.State != store.InProgress || !boundTo(rec, c):
 			endWait(span, "owner_finished")
 			return h.answerFromRecord(w, r, repl, rec, c)
 		}
