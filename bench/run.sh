@@ -31,6 +31,8 @@
 #                      (table idem_baseline_pg): one INSERT ... ON CONFLICT
 #                      claim-or-read, one owner-checked UPDATE.
 #                      redis_cached is the redis store with local_cache 64MiB.
+#                      redis_unpipelined (not a default; name it in ROUTES)
+#                      is the redis store with pipelining off.
 #   POSTGRES=1         0 skips the postgres and baseline_pg routes
 #   FILESTORE=1        0 skips the file route
 #   MEM=1              memory test: MEM_N concurrent 1 MiB responses through
@@ -357,6 +359,7 @@ route_block() { # name
 	baseline_cas) printf '\troute /baseline_cas/* {\n\t\tidem_baseline {\n\t\t\taddress %s\n\t\t\tkey_prefix idem_baseline_cas:\n\t\t\tttl 10m\n\t\t\towner_check\n\t\t}\n\t\treverse_proxy %s\n\t}\n' "$redis_addr" "$upstream" ;;
 	memory) printf '\troute /memory/* {\n\t\tidempotency {\n\t\t\tttl 10m\n\t\t\tstore memory\n\t\t}\n\t\treverse_proxy %s\n\t}\n' "$upstream" ;;
 	redis) printf '\troute /redis/* {\n\t\tidempotency {\n\t\t\tttl 10m\n\t\t\tstore redis {\n\t\t\t\taddress %s\n\t\t\t}\n\t\t}\n\t\treverse_proxy %s\n\t}\n' "$redis_addr" "$upstream" ;;
+	redis_unpipelined) printf '\troute /redis_unpipelined/* {\n\t\tidempotency {\n\t\t\tttl 10m\n\t\t\tstore redis {\n\t\t\t\taddress %s\n\t\t\t\tkey_prefix unpipelined\n\t\t\t\tpipelining off\n\t\t\t}\n\t\t}\n\t\treverse_proxy %s\n\t}\n' "$redis_addr" "$upstream" ;;
 	redis_cached) printf '\troute /redis_cached/* {\n\t\tidempotency {\n\t\t\tttl 10m\n\t\t\tstore redis {\n\t\t\t\taddress %s\n\t\t\t\tlocal_cache 64MiB\n\t\t\t}\n\t\t}\n\t\treverse_proxy %s\n\t}\n' "$redis_addr" "$upstream" ;;
 	postgres) printf '\troute /postgres/* {\n\t\tidempotency {\n\t\t\tttl 10m\n\t\t\tstore postgres {\n\t\t\t\tdsn "%s"\n\t\t\t}\n\t\t}\n\t\treverse_proxy %s\n\t}\n' "$pg_dsn" "$upstream" ;;
 	baseline_pg) printf '\troute /baseline_pg/* {\n\t\tidem_baseline_pg {\n\t\t\tdsn "%s"\n\t\t\ttable idem_baseline_pg\n\t\t}\n\t\treverse_proxy %s\n\t}\n' "$pg_dsn" "$upstream" ;;

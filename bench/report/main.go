@@ -82,7 +82,7 @@ type cell struct {
 	vs map[string]ratios
 }
 
-type ratios struct{ rps, cpu, p99 float64 }
+type ratios struct{ rps, cpu, p99, storeCPU float64 }
 
 // references are the routes others are compared with, round by round.
 var references = []string{"proxy", "baseline", "baseline_cas", "baseline_pg", "memory", "redis"}
@@ -94,6 +94,7 @@ const (
 	throughput metric = iota
 	cpuPerReq
 	p99Latency
+	storeCPU // the store servers' own CPU per request
 )
 
 func (r ratios) get(m metric) float64 {
@@ -102,6 +103,8 @@ func (r ratios) get(m metric) float64 {
 		return r.rps
 	case cpuPerReq:
 		return r.cpu
+	case storeCPU:
+		return r.storeCPU
 	default:
 		return r.p99
 	}
@@ -201,9 +204,10 @@ func main() {
 		"baseline": "`idem_baseline` (bench/baseline: one `SET NX GET` to claim or read, one `SET` to store, nothing else) + `reverse_proxy`",
 		"baseline_cas": "`idem_baseline { owner_check }` (bench/baseline: one `SET NX GET` of a random 16-byte owner token to claim or read, " +
 			"then one minimal Lua script, `GETRANGE` of the token and `SET` only if it matches, to store; nothing else) + `reverse_proxy`",
-		"memory":       "`idempotency` with `store memory` (defaults) + `reverse_proxy`",
-		"redis":        "`idempotency` with `store redis` + `reverse_proxy`",
-		"redis_cached": "`idempotency` with `store redis { local_cache 64MiB }` (the redis store with a local replay cache) + `reverse_proxy`",
+		"memory":            "`idempotency` with `store memory` (defaults) + `reverse_proxy`",
+		"redis":             "`idempotency` with `store redis` (calls pipelined while others are on the wire, the default) + `reverse_proxy`",
+		"redis_unpipelined": "`idempotency` with `store redis { pipelining off }` (every call on its own) + `reverse_proxy`",
+		"redis_cached":      "`idempotency` with `store redis { local_cache 64MiB }` (the redis store with a local replay cache) + `reverse_proxy`",
 		"baseline_pg": "`idem_baseline_pg` (bench/baseline: one `INSERT ... ON CONFLICT DO NOTHING` of a random 16-byte owner token, " +
 			"combined with the read of the existing row, to claim or read, then one `UPDATE ... WHERE key AND token` to store; " +
 			"a plain table with a primary key, same server as postgres, nothing else) + `reverse_proxy`",
@@ -269,6 +273,7 @@ func main() {
 	}
 
 	writePGFloor(&md, cells, modes, concs)
+	writeAddedLatency(&md, cells, modes, concs)
 	writeTargets(&md, cells, concs)
 
 	if *mem != "" {
@@ -330,8 +335,8 @@ func cmpOr(a, b string) string {
 
 // orderRoutes puts the reference routes first.
 func orderRoutes(routes []string) []string {
-	rank := map[string]int{"proxy": 0, "baseline": 1, "baseline_cas": 2, "memory": 3, "redis": 4, "redis_cached": 5,
-		"baseline_pg": 6, "postgres": 7, "file": 8}
+	rank := map[string]int{"proxy": 0, "baseline": 1, "baseline_cas": 2, "memory": 3, "redis": 4, "redis_unpipelined": 5, "redis_cached": 6,
+		"baseline_pg": 7, "postgres": 8, "file": 9}
 	sort.SliceStable(routes, func(i, j int) bool {
 		ri, ok := rank[routes[i]]
 		if !ok {
@@ -414,11 +419,14 @@ func pairedRatios(c, ref *cell) ratios {
 	for _, r := range ref.runs {
 		byRound[r.Round] = r
 	}
-	var rps, cpu, p99 []float64
+	var rps, cpu, p99, store []float64
 	for _, r := range c.runs {
 		b, ok := byRound[r.Round]
 		if !ok {
 			continue
+		}
+		if b.CPUStoreUs > 0 {
+			store = append(store, r.CPUStoreUs/b.CPUStoreUs)
 		}
 		if b.RPS > 0 {
 			rps = append(rps, r.RPS/b.RPS)
@@ -430,7 +438,7 @@ func pairedRatios(c, ref *cell) ratios {
 			p99 = append(p99, r.P99us/b.P99us)
 		}
 	}
-	return ratios{median(rps), median(cpu), median(p99)}
+	return ratios{median(rps), median(cpu), median(p99), median(store)}
 }
 
 func fmtRatio(v float64) string {
@@ -538,12 +546,13 @@ var palette = []color.Color{
 	color.RGBA{0x17, 0xbe, 0xcf, 0xff}, // baseline_cas: cyan
 	color.RGBA{0xe3, 0x77, 0xc2, 0xff}, // baseline_pg: pink
 	color.RGBA{0x8c, 0x56, 0x4b, 0xff}, // redis_cached: brown
+	color.RGBA{0xbc, 0xbd, 0x22, 0xff}, // redis_unpipelined: olive
 }
 
 // routeColor keeps each known route's colour whichever routes ran.
 func routeColor(route string, k int) color.Color {
 	i, ok := map[string]int{"proxy": 0, "baseline": 1, "memory": 2, "redis": 3, "postgres": 4, "file": 5, "baseline_cas": 6,
-		"baseline_pg": 7, "redis_cached": 8}[route]
+		"baseline_pg": 7, "redis_cached": 8, "redis_unpipelined": 9}[route]
 	if !ok {
 		i = k
 	}

@@ -24,6 +24,7 @@ import (
 //	    local_cache  <size>
 //	    min_replicas <number>
 //	    replica_timeout <duration>
+//	    pipelining   on|off
 //	}
 //
 // address may be repeated; every other option may be given once.
@@ -63,6 +64,11 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			s.MinReplicas, err = cfarg.Count(d, opt, false)
 		case "replica_timeout":
 			s.ReplicaTimeout, err = cfarg.Duration(d, opt, true)
+		case "pipelining":
+			var v string
+			v, err = cfarg.OneOf(d, opt, "on", "off")
+			on := v == "on"
+			s.Pipelining = &on
 		default:
 			err = cfarg.Unrecognized(d, opt)
 		}

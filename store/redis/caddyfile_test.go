@@ -33,12 +33,13 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 			local_cache 64MiB
 			min_replicas 1
 			replica_timeout 50ms
+			pipelining off
 		}`, Store{
 			Name: "orders (eu)", Addresses: []string{"10.0.0.1:6379", "10.0.0.2:6379", "10.0.0.3:6379"}, MasterName: "mymaster",
 			Username: "idem", Password: "{env.REDIS_PASSWORD}", DB: 3, KeyPrefix: "shop", TLS: true,
 			DialTimeout: caddy.Duration(500 * time.Millisecond), ReadTimeout: caddy.Duration(time.Second),
 			WriteTimeout: caddy.Duration(2 * time.Second), PoolSize: 20, LocalCache: 64 << 20,
-			MinReplicas: 1, ReplicaTimeout: caddy.Duration(50 * time.Millisecond),
+			MinReplicas: 1, ReplicaTimeout: caddy.Duration(50 * time.Millisecond), Pipelining: new(bool),
 		}},
 	} {
 		var got Store
@@ -54,6 +55,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 	for _, tc := range []struct{ input, want string }{
 		{`redis 127.0.0.1:6379`, "unexpected argument '127.0.0.1:6379'"},
 		{"redis {\n bogus 1\n}", "unrecognized subdirective 'bogus'"},
+		{"redis {\n pipelining maybe\n}", "pipelining"},
 		{"redis {\n address\n}", "address: expected at least one value"},
 		{"redis {\n db three\n}", "db: 'three'"},
 		{"redis {\n db -1\n}", "db: '-1'"},

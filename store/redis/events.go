@@ -48,7 +48,7 @@ func (s *Store) Notify(ctx context.Context, key store.Key) (bool, error) {
 	}
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	n, err := notifyScript.Run(ctx, s.client, []string{s.key(key)}, inProgressHead, store.FlagsOffset, store.FlagWatched).Int64()
+	n, err := notifyScript.Run(ctx, s.calls, []string{s.key(key)}, inProgressHead, store.FlagsOffset, store.FlagWatched).Int64()
 	if err != nil {
 		return false, store.Unavailable("watching", err)
 	}

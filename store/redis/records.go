@@ -110,7 +110,7 @@ func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (*st
 	if s.replicas != nil {
 		return s.acquireReplicated(ctx, key, c, cmd, version)
 	}
-	_ = s.client.Process(ctx, cmd)
+	_ = s.calls.Process(ctx, cmd)
 	rec, claimed, err := s.claimAnswer(cmd, c, version, key)
 	if claimed {
 		return nil, nil
@@ -204,7 +204,7 @@ func (s *Store) Complete(ctx context.Context, key store.Key, c *store.Claim, rec
 	if s.replicas != nil {
 		n, err = s.completeReplicated(ctx, keys, args, done.ExpiresAt, c.Lease)
 	} else {
-		n, err = s.owned(completeScript.Run(ctx, s.client, keys, args...), "completing")
+		n, err = s.owned(completeScript.Run(ctx, s.calls, keys, args...), "completing")
 	}
 	if err != nil || n == completedBefore {
 		return err
@@ -259,7 +259,7 @@ func (s *Store) completeReplicated(ctx context.Context, keys []string, args []an
 func (s *Store) Release(ctx context.Context, key store.Key, token store.Token) error {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	n, err := s.owned(releaseScript.Run(ctx, s.client, []string{s.key(key)}, owner(token), store.FlagsOffset, store.FlagWatched), "releasing")
+	n, err := s.owned(releaseScript.Run(ctx, s.calls, []string{s.key(key)}, owner(token), store.FlagsOffset, store.FlagWatched), "releasing")
 	if n == endedWatched {
 		_ = s.announce(ctx, store.EventEnded, key)
 	}
@@ -270,7 +270,7 @@ func (s *Store) Release(ctx context.Context, key store.Key, token store.Token) e
 func (s *Store) Renew(ctx context.Context, key store.Key, token store.Token, lease time.Duration) error {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	_, err := s.owned(renewScript.Run(ctx, s.client, []string{s.key(key)}, owner(token), millis(lease)), "renewing")
+	_, err := s.owned(renewScript.Run(ctx, s.calls, []string{s.key(key)}, owner(token), millis(lease)), "renewing")
 	return err
 }
 

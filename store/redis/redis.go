@@ -118,6 +118,13 @@ type Store struct {
 	// than read_timeout. Default: 100ms.
 	ReplicaTimeout caddy.Duration `json:"replica_timeout,omitempty"`
 
+	// Pipelining sends the store calls that arrive while others are on
+	// the wire together, as one pipeline per Redis node, so that they share
+	// one round trip and Redis reads and answers them in one go; a call
+	// that finds the wire idle goes at once, alone. Set it to false to
+	// send every call on its own. Default: true.
+	Pipelining *bool `json:"pipelining,omitempty"`
+
 	// Resolved at provisioning; the exported fields keep what was written.
 	opts   goredis.UniversalOptions
 	prefix string
@@ -128,6 +135,7 @@ type Store struct {
 	poolKey     string
 	name        string // in the store registry
 	client      goredis.UniversalClient
+	calls       caller       // the records' commands: the client's batcher, or the client
 	events      *subscriber  // the client's
 	channel     string       // this prefix's events channel
 	tier        *tier.Cache  // nil without local_cache
@@ -151,6 +159,13 @@ var clients = caddy.NewUsagePool()
 type sharedClient struct {
 	goredis.UniversalClient
 	events *subscriber
+	calls  *batcher
+}
+
+// caller sends the commands that read and write records.
+type caller interface {
+	goredis.Scripter
+	Process(ctx context.Context, cmd goredis.Cmder) error
 }
 
 func (c *sharedClient) Destruct() error {
@@ -211,7 +226,7 @@ func (s *Store) Provision(ctx caddy.Context) error {
 			opts.Dialer = tlsDialer(opts.DialTimeout)
 		}
 		client := goredis.NewUniversalClient(&opts)
-		return &sharedClient{client, newSubscriber(client, cluster, losses, s.logger)}, nil
+		return &sharedClient{client, newSubscriber(client, cluster, losses, s.logger), newBatcher(client)}, nil
 	})
 	if err != nil {
 		s.poolKey = ""
@@ -219,6 +234,10 @@ func (s *Store) Provision(ctx caddy.Context) error {
 	}
 	shared := val.(*sharedClient)
 	s.client, s.events = shared.UniversalClient, shared.events
+	s.calls = shared.calls
+	if s.Pipelining != nil && !*s.Pipelining {
+		s.calls = s.client
+	}
 	s.channel = eventsChannel(s.prefix)
 	records := s.defaultName()
 	s.name = cmp.Or(s.Name, records)
@@ -331,8 +350,8 @@ func (s Store) String() string {
 	if s.Password != "" {
 		pw = "<redacted>"
 	}
-	return fmt.Sprintf("redis{addresses=%v master_name=%q username=%q password=%q db=%d key_prefix=%q tls=%t local_cache=%d min_replicas=%d}",
-		s.Addresses, s.MasterName, s.Username, pw, s.DB, s.KeyPrefix, s.TLS, s.LocalCache, s.MinReplicas)
+	return fmt.Sprintf("redis{addresses=%v master_name=%q username=%q password=%q db=%d key_prefix=%q tls=%t local_cache=%d min_replicas=%d pipelining=%t}",
+		s.Addresses, s.MasterName, s.Username, pw, s.DB, s.KeyPrefix, s.TLS, s.LocalCache, s.MinReplicas, s.Pipelining == nil || *s.Pipelining)
 }
 
 // GoString keeps %#v from printing the password.

@@ -1,0 +1,218 @@
+package redis
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+)
+
+// batcher pipelines store calls automatically. A call that finds nothing
+// on the wire goes at once, alone, as go-redis would send it; calls that
+// arrive while one is on the wire queue up, and when it ends the first of
+// them sends the whole queue as one pipeline: one write, one read, one
+// wake-up of Redis for all of them (a Cluster's pipeline is split per
+// node and follows MOVED and ASK per command, as go-redis does). So the
+// calls in flight share their round trips while Caddy is busy, and add
+// nothing when it is idle.
+//
+// Each call keeps its own reply and its own error: Redis answers the
+// commands of a pipeline one by one, and go-redis gives each command its
+// own. A transport error fails the commands it cut off, as it would have
+// failed them one by one.
+//
+// A queued call waits for its batch even when its own context ends: the
+// batch may be writing the call's arguments, which the store reuses once
+// the call returns. The wait is bounded by the batch's timeouts, as a
+// lone call is: a call waits at most for one batch before its own.
+//
+// On a Cluster each master has a lane of its own, so that a slow or dead
+// node delays only the calls for its slots.
+type batcher struct {
+	client  goredis.UniversalClient
+	cluster *goredis.ClusterClient // nil: one lane for all
+	single  lane
+	lanes   sync.Map // *goredis.Client of a master → *lane
+}
+
+// lane is one wire: at most one call or batch on it at a time.
+type lane struct {
+	mu     sync.Mutex
+	onWire bool // a call or a batch is being sent and read
+	queue  []*queued
+}
+
+func newBatcher(client goredis.UniversalClient) *batcher {
+	cluster, _ := client.(*goredis.ClusterClient)
+	return &batcher{client: client, cluster: cluster}
+}
+
+// lane picks the lane of cmd's master. A command whose master is not
+// known (the slot map is not loaded, or the key not found) takes the
+// shared lane, where go-redis routes it as usual.
+func (b *batcher) lane(ctx context.Context, cmd goredis.Cmder) *lane {
+	if b.cluster == nil {
+		return &b.single
+	}
+	key, ok := commandKey(cmd)
+	if !ok {
+		return &b.single
+	}
+	master, err := b.cluster.MasterForKey(ctx, key)
+	if err != nil {
+		return &b.single
+	}
+	if l, ok := b.lanes.Load(master); ok {
+		return l.(*lane)
+	}
+	l, _ := b.lanes.LoadOrStore(master, new(lane))
+	return l.(*lane)
+}
+
+// commandKey is the key of the store's commands: SET's first argument, a
+// script's first key.
+func commandKey(cmd goredis.Cmder) (string, bool) {
+	args := cmd.Args()
+	pos := 1
+	if len(args) > 0 && args[0] != "set" {
+		pos = 3
+	}
+	if len(args) <= pos {
+		return "", false
+	}
+	key, ok := args[pos].(string)
+	return key, ok
+}
+
+type queued struct {
+	ctx  context.Context
+	cmd  goredis.Cmder
+	done chan []*queued // nil: the call's reply is in; a batch: send it
+}
+
+var queuedPool = sync.Pool{New: func() any { return &queued{done: make(chan []*queued, 1)} }}
+
+// Process sends cmd, alone or in the next batch, and returns its error.
+func (b *batcher) Process(ctx context.Context, cmd goredis.Cmder) error {
+	if err := ctx.Err(); err != nil {
+		// As go-redis would answer it, without queueing a call nobody waits for.
+		cmd.SetErr(err)
+		return err
+	}
+	l := b.lane(ctx, cmd)
+	l.mu.Lock()
+	if !l.onWire {
+		l.onWire = true
+		l.mu.Unlock()
+		err := b.client.Process(ctx, cmd)
+		l.handOver()
+		return err
+	}
+	q := queuedPool.Get().(*queued)
+	q.ctx, q.cmd = ctx, cmd
+	l.queue = append(l.queue, q)
+	l.mu.Unlock()
+	if batch := <-q.done; batch != nil {
+		b.send(l, batch)
+	}
+	q.ctx, q.cmd = nil, nil
+	queuedPool.Put(q)
+	return cmd.Err()
+}
+
+// handOver gives the wire to the first queued call, with the queue as its
+// batch, or marks it free.
+func (l *lane) handOver() {
+	l.mu.Lock()
+	batch := l.queue
+	if len(batch) == 0 {
+		l.onWire = false
+		l.mu.Unlock()
+		return
+	}
+	l.queue = make([]*queued, 0, cap(batch))
+	l.mu.Unlock()
+	batch[0].done <- batch
+}
+
+// send runs batch as one pipeline, wakes its calls and hands the wire on.
+// The sender is one of the calls, so that each goroutine does its own
+// share of the sending.
+func (b *batcher) send(l *lane, batch []*queued) {
+	ctx, cancel := batchContext(batch)
+	pipe := b.client.Pipeline()
+	for _, q := range batch {
+		_ = pipe.Process(ctx, q.cmd)
+	}
+	_, _ = pipe.Exec(ctx)
+	cancel()
+	l.handOver()
+	for _, q := range batch[1:] {
+		q.done <- nil
+	}
+}
+
+// batchContext bounds a batch by the latest deadline among its calls, so
+// that none is cut shorter than its own deadline would; with a call that
+// has none, the batch has none either, and only the client's timeouts
+// bound it. Cancellation does not reach the batch: one caller leaving
+// must not fail the calls of others.
+func batchContext(batch []*queued) (context.Context, context.CancelFunc) {
+	var latest time.Time
+	for _, q := range batch {
+		d, ok := q.ctx.Deadline()
+		if !ok {
+			return context.WithoutCancel(batch[0].ctx), noCancel
+		}
+		if d.After(latest) {
+			latest = d
+		}
+	}
+	return context.WithDeadline(context.WithoutCancel(batch[0].ctx), latest)
+}
+
+// The scripts run through the batcher too: go-redis's Script.Run sends
+// EVALSHA through these, then EVAL when Redis does not know the script.
+
+func (b *batcher) Eval(ctx context.Context, script string, keys []string, args ...any) *goredis.Cmd {
+	return b.eval(ctx, "eval", script, keys, args)
+}
+
+func (b *batcher) EvalSha(ctx context.Context, sha1 string, keys []string, args ...any) *goredis.Cmd {
+	return b.eval(ctx, "evalsha", sha1, keys, args)
+}
+
+func (b *batcher) EvalRO(ctx context.Context, script string, keys []string, args ...any) *goredis.Cmd {
+	return b.eval(ctx, "eval_ro", script, keys, args)
+}
+
+func (b *batcher) EvalShaRO(ctx context.Context, sha1 string, keys []string, args ...any) *goredis.Cmd {
+	return b.eval(ctx, "evalsha_ro", sha1, keys, args)
+}
+
+func (b *batcher) ScriptExists(ctx context.Context, hashes ...string) *goredis.BoolSliceCmd {
+	return b.client.ScriptExists(ctx, hashes...)
+}
+
+func (b *batcher) ScriptLoad(ctx context.Context, script string) *goredis.StringCmd {
+	return b.client.ScriptLoad(ctx, script)
+}
+
+// eval builds the command as go-redis's own Eval does, keys placed where a
+// Cluster looks for the slot.
+func (b *batcher) eval(ctx context.Context, name, payload string, keys []string, args []any) *goredis.Cmd {
+	cmdArgs := make([]any, 0, 3+len(keys)+len(args))
+	cmdArgs = append(cmdArgs, name, payload, len(keys))
+	for _, k := range keys {
+		cmdArgs = append(cmdArgs, k)
+	}
+	cmd := goredis.NewCmd(ctx, append(cmdArgs, args...)...)
+	if len(keys) > 0 {
+		cmd.SetFirstKeyPos(3)
+	}
+	_ = b.Process(ctx, cmd)
+	return cmd
+}
+
+var _ goredis.Scripter = (*batcher)(nil)

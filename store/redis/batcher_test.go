@@ -1,0 +1,333 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/caddy-idempotency/caddy-idempotency/internal/faultproxy"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testredis"
+	"github.com/caddy-idempotency/caddy-idempotency/store"
+	"github.com/caddy-idempotency/caddy-idempotency/store/storetest"
+)
+
+// tripHook counts the round trips of store calls: one per command sent
+// alone, one per pipeline; and the commands that pipelines carried. A new
+// connection's handshake (HELLO, CLIENT SETINFO) is not a store call.
+type tripHook struct{ trips, pipelined atomic.Int64 }
+
+func handshake(cmd goredis.Cmder) bool {
+	switch cmd.Name() {
+	case "hello", "client", "auth", "select", "ping":
+		return true
+	}
+	return false
+}
+
+func (h *tripHook) DialHook(next goredis.DialHook) goredis.DialHook { return next }
+
+func (h *tripHook) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
+	return func(ctx context.Context, cmd goredis.Cmder) error {
+		if !handshake(cmd) {
+			h.trips.Add(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h *tripHook) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []goredis.Cmder) error {
+		if !handshake(cmds[0]) {
+			h.trips.Add(1)
+			h.pipelined.Add(int64(len(cmds)))
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// check is one store call of a burst and what it must answer.
+type check struct {
+	name string
+	call func(ctx context.Context) error // nil when the answer is right
+}
+
+// burst starts opener, then, while its round trip is still on the slow
+// link, every check at once; it fails the test for each wrong answer.
+func burst(t *testing.T, opener func(), checks []check) {
+	t.Helper()
+	var wg sync.WaitGroup
+	wg.Go(opener)
+	time.Sleep(5 * time.Millisecond) // the opener is on the wire now
+	errs := make([]error, len(checks))
+	for i, c := range checks {
+		wg.Go(func() { errs[i] = c.call(context.Background()) })
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("%s: %v", checks[i].name, err)
+		}
+	}
+}
+
+func wantReplay(s *Store, k store.Key, body string) func(context.Context) error {
+	return func(ctx context.Context) error {
+		rec, err := s.Acquire(ctx, k, claim())
+		if err != nil || rec == nil || rec.State != store.Completed || string(rec.Body) != body {
+			return fmt.Errorf("Acquire = %+v, %v; want the record with body %q", rec, err, body)
+		}
+		return nil
+	}
+}
+
+func wantClaim(s *Store, k store.Key) func(context.Context) error {
+	return func(ctx context.Context) error {
+		if rec, err := s.Acquire(ctx, k, claim()); rec != nil || err != nil {
+			return fmt.Errorf("Acquire = %+v, %v; want a claim", rec, err)
+		}
+		return nil
+	}
+}
+
+func wantComplete(s *Store, k store.Key, c *store.Claim, body string) func(context.Context) error {
+	return func(ctx context.Context) error { return s.Complete(ctx, k, c, testRecord(body), time.Minute) }
+}
+
+// Calls made while one is on the wire go out together, one round trip for
+// all, and each gets its own answer: a replay its own record, a conflict
+// the claim it met, an error its own error, and nobody another's.
+func TestPipelinedCallsShareRoundTrips(t *testing.T) {
+	for _, tc := range []struct {
+		pipelining bool
+		maxTrips   int64
+	}{{true, 2}, {false, 0}} {
+		t.Run(fmt.Sprintf("pipelining=%t", tc.pipelining), func(t *testing.T) {
+			srv := testredis.Start(t)
+			p := faultproxy.Start(t, srv.Addr())
+			s := storetest.Provision(t, &Store{Addresses: []string{p.Addr()}, KeyPrefix: "batch", Pipelining: &tc.pipelining})
+			ctx := context.Background()
+			hook := &tripHook{}
+			s.client.AddHook(hook)
+
+			var checks []check
+			for i := range 6 {
+				k := storetest.NewKey()
+				c := mustClaimKey(t, s, k)
+				if err := s.Complete(ctx, k, c, testRecord(fmt.Sprint("replay-", i)), time.Minute); err != nil {
+					t.Fatal(err)
+				}
+				checks = append(checks, check{fmt.Sprint("replay ", i), wantReplay(s, k, fmt.Sprint("replay-", i))})
+			}
+			for i := range 6 {
+				checks = append(checks, check{fmt.Sprint("new key ", i), wantClaim(s, storetest.NewKey())})
+			}
+			for i := range 4 {
+				k := storetest.NewKey()
+				checks = append(checks, check{fmt.Sprint("completion ", i), wantComplete(s, k, mustClaimKey(t, s, k), fmt.Sprint("done-", i))})
+			}
+			held := storetest.NewKey()
+			holder := mustClaimKey(t, s, held)
+			_ = s.Release(ctx, held, storetest.NewToken()) // loads the script: no NOSCRIPT below
+			checks = append(checks, check{"conflict", func(ctx context.Context) error {
+				rec, err := s.Acquire(ctx, held, claim())
+				if err != nil || rec == nil || rec.State != store.InProgress || rec.Token != holder.Token {
+					return fmt.Errorf("Acquire = %+v, %v; want the holder's claim", rec, err)
+				}
+				return nil
+			}})
+			checks = append(checks, check{"stranger's release", func(ctx context.Context) error {
+				if err := s.Release(ctx, held, storetest.NewToken()); !errors.Is(err, store.ErrNotOwner) {
+					return fmt.Errorf("Release = %v, want ErrNotOwner", err)
+				}
+				return nil
+			}})
+			// A key that is not a record: Redis answers WRONGTYPE to this
+			// command alone.
+			wrong := storetest.NewKey()
+			if err := srv.Client().LPush(ctx, s.key(wrong), "x").Err(); err != nil {
+				t.Fatal(err)
+			}
+			checks = append(checks, check{"wrong type", func(ctx context.Context) error {
+				if _, err := s.Acquire(ctx, wrong, claim()); !errors.Is(err, store.ErrUnavailable) {
+					return fmt.Errorf("Acquire of a list = %v, want ErrUnavailable", err)
+				}
+				return nil
+			}})
+
+			p.SetLatency(25 * time.Millisecond)
+			before := hook.trips.Load()
+			burst(t, func() {
+				if err := wantClaim(s, storetest.NewKey())(ctx); err != nil {
+					t.Errorf("opener: %v", err)
+				}
+			}, checks)
+			trips, calls := hook.trips.Load()-before, int64(len(checks)+1)
+			t.Logf("%d calls in %d round trips", calls, trips)
+			if tc.pipelining && trips > tc.maxTrips {
+				t.Errorf("%d calls took %d round trips, want at most %d", calls, trips, tc.maxTrips)
+			}
+			if !tc.pipelining && (trips != calls || hook.pipelined.Load() != 0) {
+				t.Errorf("without pipelining, %d calls took %d round trips (%d pipelined), want one each", calls, trips, hook.pipelined.Load())
+			}
+		})
+	}
+}
+
+// A caller that leaves while its call waits in a batch fails no other
+// call of the batch, and no call goes out once its caller has left.
+func TestPipelinedCallerLeaving(t *testing.T) {
+	srv := testredis.Start(t)
+	p := faultproxy.Start(t, srv.Addr())
+	s := storetest.Provision(t, &Store{Addresses: []string{p.Addr()}, KeyPrefix: "leave"})
+	mustClaimKey(t, s, storetest.NewKey()) // a pooled connection
+
+	p.SetLatency(25 * time.Millisecond)
+	left, cancel := context.WithCancel(context.Background())
+	var checks []check
+	for i := range 8 {
+		checks = append(checks, check{fmt.Sprint("new key ", i), wantClaim(s, storetest.NewKey())})
+	}
+	checks = append(checks, check{"leaving caller", func(context.Context) error {
+		_, err := s.Acquire(left, storetest.NewKey(), claim())
+		return err // sent with the batch, which the caller's leaving does not cut short
+	}})
+	time.AfterFunc(20*time.Millisecond, cancel) // while the batch waits behind the opener
+	burst(t, func() { _ = wantClaim(s, storetest.NewKey())(context.Background()) }, checks)
+
+	if _, err := s.Acquire(left, storetest.NewKey(), claim()); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Acquire after the caller left = %v, want context.Canceled", err)
+	}
+}
+
+// On a Cluster, a batch is split per node, and a command of it that meets
+// ASK (a slot migrating) or MOVED (a stale slot map) is redirected alone,
+// as go-redis redirects a pipeline's commands: every answer is still the
+// call's own.
+func TestClusterPipelinedRedirects(t *testing.T) {
+	cl := testredis.StartClusterWith(t, testredis.ClusterOptions{Masters: 3, Proxied: true})
+	s := openCluster(t, cl, "batch")
+	hook := &tripHook{}
+	s.client.AddHook(hook)
+	ctx := context.Background()
+
+	moving := storetest.NewKey()
+	slot := testredis.KeySlot(s.key(moving))
+	from := cl.SlotOwner(t, slot)
+	to := (from + 1) % 3
+	held := mustClaimKey(t, s, moving)
+	done := keyInSlot(t, s, slot)
+	if err := s.Complete(ctx, done, mustClaimKey(t, s, done), testRecord("done"), time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	elsewhere := make([]store.Key, 4)
+	for i := range elsewhere {
+		elsewhere[i] = keyInSlot(t, s, (slot+1+i*5000)%16384)
+	}
+
+	cl.BeginMigration(t, slot, from, to)
+	cl.MoveKeys(t, from, to, s.key(moving), s.key(done))
+	setLatency := func(d time.Duration) {
+		for _, p := range cl.Proxies() {
+			p.SetLatency(d)
+		}
+	}
+	setLatency(20 * time.Millisecond)
+	fresh := []store.Key{keyInSlot(t, s, slot), keyInSlot(t, s, slot)}
+	checks := []check{
+		{"replay through ASK", wantReplay(s, done, "done")},
+		{"completion through ASK", wantComplete(s, moving, held, "moved")},
+		{"new key through ASK", wantClaim(s, fresh[0])},
+		{"new key through ASK", wantClaim(s, fresh[1])},
+	}
+	for i, k := range elsewhere {
+		checks = append(checks, check{fmt.Sprint("new key on another node ", i), wantClaim(s, k)})
+	}
+	before := hook.pipelined.Load()
+	t.Cleanup(func() { setLatency(0) })
+	burst(t, func() { _ = wantClaim(s, storetest.NewKey())(ctx) }, checks)
+
+	setLatency(0)
+	cl.FinishMigration(t, slot, from, to)
+	setLatency(20 * time.Millisecond)
+	burst(t, func() { _ = wantClaim(s, storetest.NewKey())(ctx) }, []check{
+		{"replay through MOVED", wantReplay(s, done, "done")},
+		{"replay through MOVED", wantReplay(s, moving, "moved")},
+		{"new key through MOVED", wantClaim(s, keyInSlot(t, s, slot))},
+		{"conflict through MOVED", func(ctx context.Context) error {
+			rec, err := s.Acquire(ctx, fresh[0], claim())
+			if err != nil || rec == nil || rec.State != store.InProgress {
+				return fmt.Errorf("Acquire = %+v, %v; want the claim made during the migration", rec, err)
+			}
+			return nil
+		}},
+	})
+	if n := hook.pipelined.Load() - before; n < 4 {
+		t.Errorf("%d commands went out in pipelines, want the bursts batched", n)
+	}
+	if n, err := cl.Node(to).DBSize(ctx).Result(); err != nil || n < 5 {
+		t.Errorf("the target holds %d keys (%v), want the migrated slot's", n, err)
+	}
+}
+
+// Pipelining is on unless turned off.
+func TestPipeliningOption(t *testing.T) {
+	srv := testredis.Start(t)
+	off := false
+	for _, tc := range []struct {
+		s    *Store
+		want bool
+	}{{&Store{}, true}, {&Store{Pipelining: &off}, false}} {
+		tc.s.Addresses = []string{srv.Addr()}
+		tc.s.DialTimeout = caddy.Duration(time.Second)
+		s := storetest.Provision(t, tc.s)
+		if _, batched := s.calls.(*batcher); batched != tc.want {
+			t.Errorf("pipelining %v: calls go through %T", tc.s.Pipelining, s.calls)
+		}
+	}
+}
+
+// On a Cluster, a node that does not answer delays only the calls for
+// its own slots: the calls for the other masters go on their own wires.
+func TestClusterPipelinedLanes(t *testing.T) {
+	cl := testredis.StartClusterWith(t, testredis.ClusterOptions{Masters: 3, Proxied: true})
+	s := openCluster(t, cl, "lanes")
+	ctx := context.Background()
+	stuck := storetest.NewKey()
+	dead := cl.SlotOwner(t, testredis.KeySlot(s.key(stuck)))
+	var others []store.Key
+	for len(others) < 6 {
+		k := storetest.NewKey()
+		if cl.SlotOwner(t, testredis.KeySlot(s.key(k))) != dead {
+			others = append(others, k)
+		}
+	}
+	mustClaimKey(t, s, storetest.NewKey()) // the slot map is loaded
+
+	cl.Proxy(dead).Blackhole(true)
+	defer cl.Proxy(dead).Blackhole(false)
+	var checks []check
+	for i, k := range others {
+		checks = append(checks, check{fmt.Sprint("key on a live master ", i), func(ctx context.Context) error {
+			start := time.Now()
+			if err := wantClaim(s, k)(ctx); err != nil {
+				return err
+			}
+			if took := time.Since(start); took > 150*time.Millisecond {
+				return fmt.Errorf("took %v behind a node that does not answer", took)
+			}
+			return nil
+		}})
+	}
+	burst(t, func() {
+		if _, err := s.Acquire(ctx, stuck, claim()); !errors.Is(err, store.ErrUnavailable) {
+			t.Errorf("Acquire on the dead node = %v, want ErrUnavailable", err)
+		}
+	}, checks)
+}
