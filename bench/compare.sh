@@ -138,7 +138,7 @@ m, r, b, rnd, c0, c1, s0, s1, hz, f = sys.argv[1:]
 d = json.load(open(f))
 n = d["requests"]
 us = lambda a, z: (int(z) - int(a)) / int(hz) * 1e6 / n
-print(m, r, b, rnd, round(d["rps"]), round(us(c0, c1), 1), round(us(s0, s1), 1), round(d["p99_us"]))
+print(m, r, b, rnd, round(d["rps"]), round(us(c0, c1), 1), round(us(s0, s1), 1), round(d["p99_us"]), round(d["p50_us"]))
 PY
 	done
 done
@@ -146,29 +146,29 @@ done
 python3 - "$out/results.txt" "$old_rev" "${new_rev:-working tree}" "$CONC" <<'PY'
 import collections, statistics as st, sys
 path, old, new, conc = sys.argv[1:]
-runs = collections.defaultdict(dict)  # (mode, route, build) -> round -> (rps, cpu, p99)
+runs = collections.defaultdict(dict)  # (mode, route, build) -> round -> (rps, cpu, p99, p50)
 for line in open(path):
-    m, r, b, rnd, rps, caddy, redis, p99 = line.split()
-    runs[(m, r, b)][int(rnd)] = (float(rps), float(caddy) + float(redis), float(p99))
+    m, r, b, rnd, rps, caddy, redis, p99, p50 = line.split()
+    runs[(m, r, b)][int(rnd)] = (float(rps), float(caddy) + float(redis), float(p99), float(p50))
 print(f"old = {old}, new = {new}; concurrency {conc}; CPU is Caddy + Redis per request, medians over rounds")
 print()
-print("| mode | route | build | req/s | CPU µs/req | p99 µs |")
-print("|---|---|---|---:|---:|---:|")
+print("| mode | route | build | req/s | CPU µs/req | p50 µs | p99 µs |")
+print("|---|---|---|---:|---:|---:|---:|")
 for (m, r, b), v in sorted(runs.items()):
     col = lambda i: st.median(x[i] for x in v.values())
-    print(f"| {m} | {r} | {b} | {col(0):.0f} | {col(1):.1f} | {col(2):.0f} |")
+    print(f"| {m} | {r} | {b} | {col(0):.0f} | {col(1):.1f} | {col(3):.0f} | {col(2):.0f} |")
 def paired(a, z, i):
     return st.median(a[k][i] / z[k][i] for k in a if k in z)
 print()
-print("| mode | comparison | CPU ratio | throughput ratio |")
-print("|---|---|---:|---:|")
+print("| mode | comparison | CPU ratio | throughput ratio | p50 ratio |")
+print("|---|---|---:|---:|---:|")
 for m in sorted({k[0] for k in runs}):
     for r in sorted({k[1] for k in runs}):
         if (m, r, "old") in runs and (m, r, "new") in runs:
             o, n = runs[(m, r, "old")], runs[(m, r, "new")]
-            print(f"| {m} | {r}: new / old | {paired(n, o, 1):.3f} | {paired(n, o, 0):.3f} |")
+            print(f"| {m} | {r}: new / old | {paired(n, o, 1):.3f} | {paired(n, o, 0):.3f} | {paired(n, o, 3):.3f} |")
     for b in ("old", "new"):
         if (m, "redis", b) in runs and (m, "baseline_cas", b) in runs:
             a, c = runs[(m, "redis", b)], runs[(m, "baseline_cas", b)]
-            print(f"| {m} | {b}: redis / baseline_cas | {paired(a, c, 1):.3f} | {paired(a, c, 0):.3f} |")
+            print(f"| {m} | {b}: redis / baseline_cas | {paired(a, c, 1):.3f} | {paired(a, c, 0):.3f} | {paired(a, c, 3):.3f} |")
 PY
