@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -330,4 +333,75 @@ func TestClusterPipelinedLanes(t *testing.T) {
 			t.Errorf("Acquire on the dead node = %v, want ErrUnavailable", err)
 		}
 	}, checks)
+}
+
+// BenchmarkConcurrentNewKeys runs 32 callers that each claim and complete
+// new keys, with pipelining on and off, and reports per key what the
+// caller's process and the Redis server spent (Redis's used_cpu), and the
+// latency of a claim and completion:
+//
+//	go test -run '^$' -bench ConcurrentNewKeys -benchtime 20000x ./store/redis/
+func BenchmarkConcurrentNewKeys(b *testing.B) {
+	srv := testredis.Start(b)
+	for _, callers := range []int{1, 32} {
+		for _, on := range []bool{true, false} {
+			b.Run(fmt.Sprintf("callers=%d/pipelining=%t", callers, on), func(b *testing.B) {
+				s := storetest.Provision(b, &Store{Addresses: []string{srv.Addr()}, KeyPrefix: "bench", Pipelining: &on})
+				ctx := context.Background()
+				var next atomic.Int64
+				redis0, self0 := redisCPU(b, srv), selfCPU()
+				b.ResetTimer()
+				var wg sync.WaitGroup
+				for range callers {
+					wg.Go(func() {
+						for next.Add(1) <= int64(b.N) {
+							k, c := storetest.NewKey(), claim()
+							if rec, err := s.Acquire(ctx, k, c); rec != nil || err != nil {
+								b.Error(rec, err)
+								return
+							}
+							if err := s.Complete(ctx, k, c, testRecord("ok"), time.Minute); err != nil {
+								b.Error(err)
+								return
+							}
+						}
+					})
+				}
+				wg.Wait()
+				b.StopTimer()
+				n := float64(b.N)
+				b.ReportMetric((selfCPU()-self0).Seconds()*1e6/n, "caller-µs/key")
+				b.ReportMetric((redisCPU(b, srv)-redis0).Seconds()*1e6/n, "redis-µs/key")
+				b.ReportMetric(float64(b.Elapsed().Microseconds())*float64(callers)/n, "µs/key-latency")
+			})
+		}
+	}
+}
+
+// redisCPU is the CPU time the server has used (INFO cpu).
+func redisCPU(tb testing.TB, srv *testredis.Server) time.Duration {
+	info, err := srv.Client().Info(context.Background(), "cpu").Result()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var sum float64
+	for _, line := range strings.Split(info, "\r\n") {
+		for _, field := range []string{"used_cpu_sys:", "used_cpu_user:"} {
+			if v, ok := strings.CutPrefix(line, field); ok {
+				f, err := strconv.ParseFloat(v, 64)
+				if err != nil {
+					tb.Fatalf("%s%s: %v", field, v, err)
+				}
+				sum += f
+			}
+		}
+	}
+	return time.Duration(sum * float64(time.Second))
+}
+
+// selfCPU is the CPU time this process has used.
+func selfCPU() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
