@@ -105,9 +105,9 @@ func (b *batcher) Process(ctx context.Context, cmd goredis.Cmder) error {
 	if !l.onWire {
 		l.onWire = true
 		l.mu.Unlock()
-		err := b.client.Process(ctx, cmd)
-		l.handOver()
-		return err
+		// Deferred, so that a panic in a hook cannot leave the lane taken.
+		defer l.handOver()
+		return b.client.Process(ctx, cmd)
 	}
 	q := queuedPool.Get().(*queued)
 	q.ctx, q.cmd = ctx, cmd
@@ -140,17 +140,19 @@ func (l *lane) handOver() {
 // The sender is one of the calls, so that each goroutine does its own
 // share of the sending.
 func (b *batcher) send(l *lane, batch []*queued) {
+	defer func() {
+		l.handOver()
+		for _, q := range batch[1:] {
+			q.done <- nil
+		}
+	}()
 	ctx, cancel := batchContext(batch)
+	defer cancel()
 	pipe := b.client.Pipeline()
 	for _, q := range batch {
 		_ = pipe.Process(ctx, q.cmd)
 	}
 	_, _ = pipe.Exec(ctx)
-	cancel()
-	l.handOver()
-	for _, q := range batch[1:] {
-		q.done <- nil
-	}
 }
 
 // batchContext bounds a batch by the latest deadline among its calls, so

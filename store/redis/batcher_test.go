@@ -405,3 +405,46 @@ func selfCPU() time.Duration {
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
+
+// panicHook panics in the commands it is told to.
+type panicHook struct{ on atomic.Bool }
+
+func (h *panicHook) DialHook(next goredis.DialHook) goredis.DialHook { return next }
+
+func (h *panicHook) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
+	return func(ctx context.Context, cmd goredis.Cmder) error {
+		if h.on.Load() && !handshake(cmd) {
+			panic("hook")
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h *panicHook) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
+	return next
+}
+
+// A call that panics on the wire (a hook's bug) leaves the wire free:
+// the calls after it are not stuck behind it.
+func TestPipelinedPanicFreesTheLane(t *testing.T) {
+	s := open(t, testredis.Start(t))
+	hook := &panicHook{}
+	s.client.AddHook(hook)
+	hook.on.Store(true)
+	func() {
+		defer func() { _ = recover() }()
+		_, _ = s.Acquire(context.Background(), storetest.NewKey(), claim())
+		t.Fatal("the hook did not panic")
+	}()
+	hook.on.Store(false)
+	done := make(chan error, 1)
+	go func() { done <- wantClaim(s, storetest.NewKey())(context.Background()) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a call after a panic on the wire is stuck")
+	}
+}
