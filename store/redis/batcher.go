@@ -88,7 +88,28 @@ func commandKey(cmd goredis.Cmder) (string, bool) {
 type queued struct {
 	ctx  context.Context
 	cmd  goredis.Cmder
+	size int            // of its arguments, about
 	done chan []*queued // nil: the call's reply is in; a batch: send it
+}
+
+// maxBatchBytes bounds what one batch writes, about: a burst of large
+// records goes out as several batches, so that none needs longer than
+// write_timeout to be sent. A call larger than this goes alone.
+const maxBatchBytes = 256 << 10
+
+func argBytes(cmd goredis.Cmder) int {
+	n := 0
+	for _, a := range cmd.Args() {
+		switch v := a.(type) {
+		case string:
+			n += len(v)
+		case []byte:
+			n += len(v)
+		default:
+			n += 8
+		}
+	}
+	return n
 }
 
 var queuedPool = sync.Pool{New: func() any { return &queued{done: make(chan []*queued, 1)} }}
@@ -110,7 +131,7 @@ func (b *batcher) Process(ctx context.Context, cmd goredis.Cmder) error {
 		return b.client.Process(ctx, cmd)
 	}
 	q := queuedPool.Get().(*queued)
-	q.ctx, q.cmd = ctx, cmd
+	q.ctx, q.cmd, q.size = ctx, cmd, argBytes(cmd)
 	l.queue = append(l.queue, q)
 	l.mu.Unlock()
 	if batch := <-q.done; batch != nil {
@@ -121,19 +142,24 @@ func (b *batcher) Process(ctx context.Context, cmd goredis.Cmder) error {
 	return cmd.Err()
 }
 
-// handOver gives the wire to the first queued call, with the queue as its
-// batch, or marks it free.
+// handOver gives the wire to the first queued call, with the queue (up to
+// maxBatchBytes) as its batch, or marks it free.
 func (l *lane) handOver() {
 	l.mu.Lock()
-	batch := l.queue
-	if len(batch) == 0 {
+	queue := l.queue
+	if len(queue) == 0 {
 		l.onWire = false
 		l.mu.Unlock()
 		return
 	}
-	l.queue = make([]*queued, 0, cap(batch))
+	n, size := 1, queue[0].size
+	for n < len(queue) && size+queue[n].size <= maxBatchBytes {
+		size += queue[n].size
+		n++
+	}
+	l.queue = append(make([]*queued, 0, cap(queue)), queue[n:]...)
 	l.mu.Unlock()
-	batch[0].done <- batch
+	queue[0].done <- queue[:n]
 }
 
 // send runs batch as one pipeline, wakes its calls and hands the wire on.

@@ -24,7 +24,7 @@ import (
 // tripHook counts the round trips of store calls: one per command sent
 // alone, one per pipeline; and the commands that pipelines carried. A new
 // connection's handshake (HELLO, CLIENT SETINFO) is not a store call.
-type tripHook struct{ trips, pipelined atomic.Int64 }
+type tripHook struct{ trips, pipelined, longest atomic.Int64 }
 
 func handshake(cmd goredis.Cmder) bool {
 	switch cmd.Name() {
@@ -50,6 +50,8 @@ func (h *tripHook) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis
 		if !handshake(cmds[0]) {
 			h.trips.Add(1)
 			h.pipelined.Add(int64(len(cmds)))
+			for n := h.longest.Load(); int64(len(cmds)) > n && !h.longest.CompareAndSwap(n, int64(len(cmds))); n = h.longest.Load() {
+			}
 		}
 		return next(ctx, cmds)
 	}
@@ -446,5 +448,27 @@ func TestPipelinedPanicFreesTheLane(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("a call after a panic on the wire is stuck")
+	}
+}
+
+// A burst of large records goes out in several batches, none much over
+// maxBatchBytes, so that no batch needs longer than write_timeout.
+func TestPipelinedBatchesAreBounded(t *testing.T) {
+	srv := testredis.Start(t)
+	p := faultproxy.Start(t, srv.Addr())
+	s := storetest.Provision(t, &Store{Addresses: []string{p.Addr()}, KeyPrefix: "bounded"})
+	hook := &tripHook{}
+	s.client.AddHook(hook)
+	body := strings.Repeat("x", 100<<10)
+	var checks []check
+	for i := range 8 {
+		k := storetest.NewKey()
+		c := mustClaimKey(t, s, k)
+		checks = append(checks, check{fmt.Sprint("large completion ", i), wantComplete(s, k, c, body)})
+	}
+	p.SetLatency(25 * time.Millisecond)
+	burst(t, func() { _ = wantClaim(s, storetest.NewKey())(context.Background()) }, checks)
+	if n := hook.longest.Load(); n > maxBatchBytes/(100<<10) || n < 2 {
+		t.Errorf("the longest batch of 100 KiB completions had %d, want 2 (maxBatchBytes %d)", n, maxBatchBytes)
 	}
 }
