@@ -2,6 +2,7 @@ package redis
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 
@@ -22,10 +23,12 @@ import (
 // own. A transport error fails the commands it cut off, as it would have
 // failed them one by one.
 //
-// A queued call waits for its batch even when its own context ends: the
-// batch may be writing the call's arguments, which the store reuses once
-// the call returns. The wait is bounded by the batch's timeouts, as a
-// lone call is: a call waits at most for one batch before its own.
+// A queued call whose caller leaves is withdrawn, never sent, as a call
+// waiting for a pooled connection would be. Once a batch has taken it,
+// the call waits for the batch even when its caller leaves: the batch may
+// be writing the call's arguments, which the store reuses once the call
+// returns. The wait is bounded by the batch's timeouts, as a lone call
+// is: a call waits at most for one batch before its own.
 //
 // On a Cluster each master has a lane of its own, so that a slow or dead
 // node delays only the calls for its slots.
@@ -134,12 +137,37 @@ func (b *batcher) Process(ctx context.Context, cmd goredis.Cmder) error {
 	q.ctx, q.cmd, q.size = ctx, cmd, argBytes(cmd)
 	l.queue = append(l.queue, q)
 	l.mu.Unlock()
-	if batch := <-q.done; batch != nil {
+	var batch []*queued
+	select {
+	case batch = <-q.done:
+	case <-ctx.Done():
+		if l.withdraw(q) {
+			// Never sent: the caller that left runs nothing on it.
+			cmd.SetErr(ctx.Err())
+			q.ctx, q.cmd = nil, nil
+			queuedPool.Put(q)
+			return ctx.Err()
+		}
+		batch = <-q.done // taken into a batch already: its arguments are on their way
+	}
+	if batch != nil {
 		b.send(l, batch)
 	}
 	q.ctx, q.cmd = nil, nil
 	queuedPool.Put(q)
 	return cmd.Err()
+}
+
+// withdraw takes q out of the queue, unless a batch has taken it.
+func (l *lane) withdraw(q *queued) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	i := slices.Index(l.queue, q)
+	if i < 0 {
+		return false
+	}
+	l.queue = slices.Delete(l.queue, i, i+1)
+	return true
 }
 
 // handOver gives the wire to the first queued call, with the queue (up to
