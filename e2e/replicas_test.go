@@ -131,7 +131,7 @@ func TestRedisMinReplicasFailover(t *testing.T) {
 	time.Sleep(500 * time.Millisecond)
 	old := sg.KillMaster(t)
 	killedAt := time.Now()
-	sg.WaitFailover(t, old, 15*time.Second)
+	sg.WaitFailover(t, old, testredis.FailoverWait)
 	close(stop)
 	wg.Wait()
 	// The default Caddy answers again once it follows the new master.

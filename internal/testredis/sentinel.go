@@ -384,3 +384,8 @@ func (s *Sentinel) close() {
 		}
 	}
 }
+
+// FailoverWait is how long tests wait for a Sentinel failover: a first
+// election that fails (a split vote, or a Sentinel slowed down on a loaded
+// machine) is retried after twice the failover timeout, 20s.
+const FailoverWait = 30 * time.Second

@@ -285,7 +285,7 @@ func TestMinReplicasFailoverLosesNoClaim(t *testing.T) {
 	time.Sleep(500 * time.Millisecond)
 	old := sg.KillMaster(t)
 	killedAt := time.Now()
-	sg.WaitFailover(t, old, 15*time.Second)
+	sg.WaitFailover(t, old, testredis.FailoverWait)
 	close(stop)
 	wg.Wait()
 
@@ -440,7 +440,7 @@ func TestMinReplicasCompletionResentAfterFailover(t *testing.T) {
 	}
 	old := sg.KillMaster(t)
 	killedAt := time.Now()
-	sg.WaitFailover(t, old, 15*time.Second)
+	sg.WaitFailover(t, old, testredis.FailoverWait)
 
 	var rec *store.Record
 	var err error

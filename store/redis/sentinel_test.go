@@ -126,7 +126,7 @@ func TestSentinelFailoverDuringTraffic(t *testing.T) {
 	time.Sleep(300 * time.Millisecond)
 	oldMaster := sg.KillMaster(t)
 	killedAt := time.Now() // the process is gone: SIGKILL, then waited for
-	newMaster := sg.WaitFailover(t, oldMaster, 15*time.Second)
+	newMaster := sg.WaitFailover(t, oldMaster, testredis.FailoverWait)
 	failedOver := time.Since(killedAt)
 
 	// Wait until the traffic succeeds again on its own, then a little more.
@@ -263,7 +263,7 @@ func TestSentinelUnreplicatedClaimIsLost(t *testing.T) {
 
 	old := sg.KillMaster(t)
 	killedAt := time.Now()
-	sg.WaitFailover(t, old, 15*time.Second)
+	sg.WaitFailover(t, old, testredis.FailoverWait)
 	var err error
 	var rec *store.Record
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
