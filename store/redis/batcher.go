@@ -144,11 +144,9 @@ func (b *batcher) Process(ctx context.Context, cmd goredis.Cmder) error {
 		if l.withdraw(q) {
 			// Never sent: the caller that left runs nothing on it.
 			cmd.SetErr(ctx.Err())
-			q.ctx, q.cmd = nil, nil
-			queuedPool.Put(q)
-			return ctx.Err()
+		} else {
+			batch = <-q.done // taken into a batch already: its arguments are on their way
 		}
-		batch = <-q.done // taken into a batch already: its arguments are on their way
 	}
 	if batch != nil {
 		b.send(l, batch)
