@@ -206,6 +206,9 @@ func (s *Store) Provision(ctx caddy.Context) error {
 		DialerRetries: 1,
 		// Let the caller's deadline cut a call short, too.
 		ContextTimeoutEnabled: true,
+		// Pipelines run on the main pool: pool_size bounds every
+		// connection, and a Sentinel failover drops them all at once.
+		PipelinePoolSize: -1,
 	}
 	if err := s.Validate(); err != nil {
 		return err
