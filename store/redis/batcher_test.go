@@ -21,10 +21,11 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/store/storetest"
 )
 
-// tripHook counts the round trips of store calls: one per command sent
-// alone, one per pipeline; and the commands that pipelines carried. A new
-// connection's handshake (HELLO, CLIENT SETINFO) is not a store call.
-type tripHook struct{ trips, pipelined, longest atomic.Int64 }
+// tripHook counts what the client sends for the store's calls: the
+// commands, the round trips (one per command sent alone, one per
+// pipeline), the commands pipelines carried and the longest pipeline. A
+// new connection's handshake (HELLO, CLIENT SETINFO) is not a store call.
+type tripHook struct{ sent, trips, pipelined, longest atomic.Int64 }
 
 func handshake(cmd goredis.Cmder) bool {
 	switch cmd.Name() {
@@ -39,6 +40,7 @@ func (h *tripHook) DialHook(next goredis.DialHook) goredis.DialHook { return nex
 func (h *tripHook) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
 	return func(ctx context.Context, cmd goredis.Cmder) error {
 		if !handshake(cmd) {
+			h.sent.Add(1)
 			h.trips.Add(1)
 		}
 		return next(ctx, cmd)
@@ -48,9 +50,11 @@ func (h *tripHook) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
 func (h *tripHook) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []goredis.Cmder) error {
 		if !handshake(cmds[0]) {
+			n := int64(len(cmds))
+			h.sent.Add(n)
 			h.trips.Add(1)
-			h.pipelined.Add(int64(len(cmds)))
-			for n := h.longest.Load(); int64(len(cmds)) > n && !h.longest.CompareAndSwap(n, int64(len(cmds))); n = h.longest.Load() {
+			h.pipelined.Add(n)
+			for l := h.longest.Load(); n > l && !h.longest.CompareAndSwap(l, n); l = h.longest.Load() {
 			}
 		}
 		return next(ctx, cmds)
@@ -387,21 +391,14 @@ func BenchmarkConcurrentNewKeys(b *testing.B) {
 
 // redisCPU is the CPU time the server has used (INFO cpu).
 func redisCPU(tb testing.TB, srv *testredis.Server) time.Duration {
-	info, err := srv.Client().Info(context.Background(), "cpu").Result()
-	if err != nil {
-		tb.Fatal(err)
-	}
 	var sum float64
-	for _, line := range strings.Split(info, "\r\n") {
-		for _, field := range []string{"used_cpu_sys:", "used_cpu_user:"} {
-			if v, ok := strings.CutPrefix(line, field); ok {
-				f, err := strconv.ParseFloat(v, 64)
-				if err != nil {
-					tb.Fatalf("%s%s: %v", field, v, err)
-				}
-				sum += f
-			}
+	for _, field := range []string{"used_cpu_sys", "used_cpu_user"} {
+		v := infoField(tb, srv, "cpu", field)
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			tb.Fatalf("%s %q: %v", field, v, err)
 		}
+		sum += f
 	}
 	return time.Duration(sum * float64(time.Second))
 }

@@ -6,11 +6,8 @@ import (
 	"net/http"
 	"reflect"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
-
-	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/caddy-idempotency/caddy-idempotency/internal/testredis"
 	"github.com/caddy-idempotency/caddy-idempotency/store"
@@ -57,29 +54,10 @@ func TestCancelledContextIsUnavailable(t *testing.T) {
 	}
 }
 
-// countHook counts what the client sends, one per round trip.
-type countHook struct{ n atomic.Int64 }
-
-func (h *countHook) DialHook(next goredis.DialHook) goredis.DialHook { return next }
-
-func (h *countHook) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
-	return func(ctx context.Context, cmd goredis.Cmder) error {
-		h.n.Add(1)
-		return next(ctx, cmd)
-	}
-}
-
-func (h *countHook) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []goredis.Cmder) error {
-		h.n.Add(int64(len(cmds)))
-		return next(ctx, cmds)
-	}
-}
-
 func TestRoundTrips(t *testing.T) {
 	srv := testredis.Start(t)
 	s := open(t, srv)
-	hook := &countHook{}
+	hook := &tripHook{}
 	s.client.AddHook(hook)
 	ctx := context.Background()
 
@@ -93,9 +71,9 @@ func TestRoundTrips(t *testing.T) {
 	measure := func(name string, wantSent int64, want map[string]int64, f func()) {
 		t.Helper()
 		srv.ConfigResetStat(t)
-		sent := hook.n.Load()
+		sent := hook.sent.Load()
 		f()
-		if got := hook.n.Load() - sent; got != wantSent {
+		if got := hook.sent.Load() - sent; got != wantSent {
 			t.Errorf("%s sent %d commands, want %d", name, got, wantSent)
 		}
 		got := srv.CommandStats(t)

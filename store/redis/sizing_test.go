@@ -42,19 +42,26 @@ func BenchmarkMemoryPerRecord(b *testing.B) {
 
 func usedMemory(tb testing.TB, srv *testredis.Server) int64 {
 	tb.Helper()
-	info, err := srv.Client().Info(context.Background(), "memory").Result()
+	v := infoField(tb, srv, "memory", "used_memory")
+	n, err := strconv.ParseInt(v, 10, 64)
 	if err != nil {
-		tb.Fatalf("INFO memory: %v", err)
+		tb.Fatalf("used_memory %q: %v", v, err)
+	}
+	return n
+}
+
+// infoField is one field of a section of the server's INFO.
+func infoField(tb testing.TB, srv *testredis.Server, section, field string) string {
+	tb.Helper()
+	info, err := srv.Client().Info(context.Background(), section).Result()
+	if err != nil {
+		tb.Fatalf("INFO %s: %v", section, err)
 	}
 	for _, line := range strings.Split(info, "\r\n") {
-		if v, ok := strings.CutPrefix(line, "used_memory:"); ok {
-			n, err := strconv.ParseInt(v, 10, 64)
-			if err != nil {
-				tb.Fatalf("used_memory %q: %v", v, err)
-			}
-			return n
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
+			return v
 		}
 	}
-	tb.Fatal("INFO memory has no used_memory")
-	return 0
+	tb.Fatalf("INFO %s has no %s", section, field)
+	return ""
 }
