@@ -126,7 +126,7 @@ func TestPipelinedCallsShareRoundTrips(t *testing.T) {
 			s.client.AddHook(hook)
 
 			var checks []check
-			for i := range 6 {
+			for i := range 4 {
 				k := storetest.NewKey()
 				c := mustClaimKey(t, s, k)
 				if err := s.Complete(ctx, k, c, testRecord(fmt.Sprint("replay-", i)), time.Minute); err != nil {
@@ -134,7 +134,7 @@ func TestPipelinedCallsShareRoundTrips(t *testing.T) {
 				}
 				checks = append(checks, check{fmt.Sprint("replay ", i), wantReplay(s, k, fmt.Sprint("replay-", i))})
 			}
-			for i := range 6 {
+			for i := range 4 {
 				checks = append(checks, check{fmt.Sprint("new key ", i), wantClaim(s, storetest.NewKey())})
 			}
 			for i := range 4 {
@@ -454,7 +454,9 @@ func TestPipelinedPanicFreesTheLane(t *testing.T) {
 }
 
 // A burst of large records goes out in several batches, none much over
-// maxBatchBytes, so that no batch needs longer than write_timeout.
+// maxBatchBytes, so that no batch needs longer than write_timeout; and a
+// burst of many calls in batches of maxBatchCalls, so that their replies,
+// which may be whole records, are read within read_timeout.
 func TestPipelinedBatchesAreBounded(t *testing.T) {
 	srv := testredis.Start(t)
 	p := faultproxy.Start(t, srv.Addr())
@@ -472,5 +474,15 @@ func TestPipelinedBatchesAreBounded(t *testing.T) {
 	burst(t, func() { _ = wantClaim(s, storetest.NewKey())(context.Background()) }, checks)
 	if n := hook.longest.Load(); n > maxBatchBytes/(100<<10) || n < 2 {
 		t.Errorf("the longest batch of 100 KiB completions had %d, want 2 (maxBatchBytes %d)", n, maxBatchBytes)
+	}
+
+	checks = nil
+	for i := range 3 * maxBatchCalls {
+		checks = append(checks, check{fmt.Sprint("new key ", i), wantClaim(s, storetest.NewKey())})
+	}
+	hook.longest.Store(0)
+	burst(t, func() { _ = wantClaim(s, storetest.NewKey())(context.Background()) }, checks)
+	if n := hook.longest.Load(); n != maxBatchCalls {
+		t.Errorf("the longest batch of %d new keys had %d, want maxBatchCalls, %d", len(checks), n, maxBatchCalls)
 	}
 }
