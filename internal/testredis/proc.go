@@ -3,6 +3,7 @@ package testredis
 import (
 	"fmt"
 	"net"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -18,6 +19,7 @@ import (
 // Sentinel) owned by a test, killed when the test ends.
 type proc struct {
 	port int
+	log  string // the process's output
 
 	mu      sync.Mutex
 	process *testproc.Proc // nil once killed
@@ -28,11 +30,11 @@ func (p *proc) addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa
 // startProc runs redis-server with args in dir and waits until it answers
 // PING on port.
 func startProc(bin, dir string, port int, args ...string) (*proc, error) {
-	p := &proc{port: port}
+	p := &proc{port: port, log: filepath.Join(dir, "redis.log")}
 	cmd := exec.Command(bin, args...)
 	cmd.Dir = dir
 	var err error
-	p.process, err = testproc.Start(cmd, filepath.Join(dir, "redis.log"), testproc.Ready{
+	p.process, err = testproc.Start(cmd, p.log, testproc.Ready{
 		Check:   func() error { return ping(p.addr()) },
 		What:    "answer PING on " + p.addr(),
 		Timeout: 10 * time.Second,
@@ -116,4 +118,13 @@ func ping(addr string) error {
 		return fmt.Errorf("unexpected reply %q", buf[:n])
 	}
 	return nil
+}
+
+// lastLog is the end of the process's output, to explain a failure.
+func (p *proc) lastLog(lines int) string {
+	b, err := os.ReadFile(p.log)
+	if err != nil {
+		return err.Error()
+	}
+	return testproc.LastLines(string(b), lines)
 }

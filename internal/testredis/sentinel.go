@@ -141,6 +141,14 @@ func StartSentinelWith(t testing.TB, opts SentinelOptions) *Sentinel {
 		if err != nil {
 			t.Fatalf("testredis: starting sentinel %d: %v", i, err)
 		}
+		// A Sentinel that was not scheduled for 2s (a loaded CI machine)
+		// enters TILT mode and does nothing for 30s: a failover then
+		// starts after the test has stopped waiting for it. The tests
+		// test our client, not Sentinel's defence against a slow host.
+		if err := s.client(sp.addr()).Do(context.Background(),
+			"SENTINEL", "DEBUG", "tilt-trigger", 15000, "tilt-period", 1000).Err(); err != nil {
+			t.Fatalf("testredis: tuning sentinel %d's TILT mode: %v", i, err)
+		}
 		s.sentinels = append(s.sentinels, sp)
 	}
 	s.WaitReady(t)
@@ -305,6 +313,13 @@ func (s *Sentinel) KillMaster(t testing.TB) string {
 func (s *Sentinel) WaitFailover(t testing.TB, old string, timeout time.Duration) string {
 	t.Helper()
 	var addr string
+	defer func() {
+		if t.Failed() {
+			for i, sp := range s.sentinels {
+				t.Logf("testredis: sentinel %d's log:\n%s", i, sp.lastLog(40))
+			}
+		}
+	}()
 	waitUntil(t, "the failover", timeout, func() error {
 		addr = ""
 		for i, sp := range s.sentinels {
