@@ -49,7 +49,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if !ok {
 		return h.refuse(w, r, repl, resultInvalid, h.problems.missingScope)
 	}
+	return h.serveKeyed(w, r, repl, next, store.NewKey(scope, clientKey))
+}
 
+// serveKeyed runs, replays or refuses a request with a valid key. (Apart
+// from ServeHTTP's many returns, so that its defers stay cheap:
+// open-coded.)
+func (h *Handler) serveKeyed(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, next caddyhttp.Handler, key store.Key) error {
 	// From here the request uses the store, which a reload that replaces
 	// it must leave open until the request and its background work are
 	// done (store.Holds).
@@ -65,7 +71,6 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	defer body.release()
 
-	key := store.NewKey(scope, clientKey)
 	repl.Set("http.idempotency.key", key) // hex-encoded only if a log asks
 	h.forwardKey(r, key)
 	claim := &store.Claim{

@@ -29,10 +29,13 @@ func (m *Memory) claim(k store.Key, c *store.Claim) ([]byte, error) {
 	c.TookOver = false
 	// An expired claim still here (the sweeper has not dropped it yet) is a
 	// dead owner's: claiming the key now takes it over.
-	old := t.Lookup(k)
-	dead := old != nil && nano >= old.Expires && old.Blob.State() == store.InProgress
-	if e := t.Live(k, nano); e != nil {
-		return e.Blob, nil
+	dead := false
+	if e := t.Lookup(k); e != nil {
+		if nano < e.Expires {
+			return e.Blob, nil
+		}
+		dead = e.Blob.State() == store.InProgress
+		t.Remove(e)
 	}
 	blob := store.AppendClaim(nil, c, n)
 	if err := t.MakeRoom(table.Size(blob)); err != nil {
