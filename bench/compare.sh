@@ -10,6 +10,7 @@
 #   bench/compare.sh <old-rev> [<new-rev>]   new-rev defaults to the working tree
 #
 # Environment: CONC=16 ROUNDS=6 DUR=2s ROUTES="baseline_cas redis memory"
+# (redis_cached, the redis store with local_cache 64MiB, too when named)
 # MODES="new replay". Output (logs, raw results) goes to bench/out/compare/.
 #
 # Both processes also serve a memory route, whose records live in their
@@ -103,6 +104,17 @@ http://127.0.0.1:${port[$b]} {
 			store redis {
 				address 127.0.0.1:$rp
 				key_prefix idem-$b
+			}
+		}
+		reverse_proxy $up
+	}
+	route /redis_cached/* {
+		idempotency {
+			ttl 10m
+			store redis {
+				address 127.0.0.1:$rp
+				key_prefix cached-$b
+				local_cache 64MiB
 			}
 		}
 		reverse_proxy $up
