@@ -313,8 +313,9 @@ func (s *Sentinel) KillMaster(t testing.TB) string {
 func (s *Sentinel) WaitFailover(t testing.TB, old string, timeout time.Duration) string {
 	t.Helper()
 	var addr string
+	gaveUp := true // until waitUntil returns: its t.Fatalf skips the rest
 	defer func() {
-		if t.Failed() {
+		if gaveUp {
 			for i, sp := range s.sentinels {
 				t.Logf("testredis: sentinel %d's log:\n%s", i, sp.lastLog(40))
 			}
@@ -347,6 +348,7 @@ func (s *Sentinel) WaitFailover(t testing.TB, old string, timeout time.Duration)
 		}
 		return nil
 	})
+	gaveUp = false
 	return addr
 }
 
