@@ -59,15 +59,7 @@ func (m *Memory) Complete(_ context.Context, k store.Key, c *store.Claim, rec *s
 	if err != nil {
 		return err
 	}
-	// Room is made with the claim itself out of the way, so a response too
-	// big for the whole table evicts others rather than failing forever.
-	t.Remove(e)
-	if err := t.MakeRoom(table.Size(blob)); err != nil {
-		return err
-	}
-	e.Blob, e.Expires = blob, n.Add(ttl).UnixNano()
-	t.Insert(e)
-	return nil
+	return t.Replace(e, blob, n.Add(ttl).UnixNano())
 }
 
 // Release deletes the claim held by tok.

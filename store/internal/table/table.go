@@ -131,6 +131,32 @@ func (t *Table) Insert(e *Entry) {
 	e.size = Size(e.Blob)
 	t.entries[e.Key] = e
 	t.bytes += e.size
+	t.link(e)
+}
+
+// Replace gives e, an entry of the table, a new blob and expiry: what
+// Remove, MakeRoom and Insert would do, without the two map writes. Room
+// is made with e's old blob already uncounted, so that a blob too big for
+// the whole table evicts others rather than failing forever; if room
+// cannot be made, e leaves the table, as it would have been removed.
+func (t *Table) Replace(e *Entry, blob store.Encoded, expires int64) error {
+	if e.Blob.State() == store.Completed {
+		t.unlink(e)
+	}
+	t.bytes -= e.size
+	e.size = 0
+	if err := t.makeRoom(Size(blob), 0); err != nil {
+		delete(t.entries, e.Key)
+		return err
+	}
+	e.Blob, e.Expires, e.size = blob, expires, Size(blob)
+	t.bytes += e.size
+	t.link(e)
+	return nil
+}
+
+// link makes e, if completed, the newest in the eviction list.
+func (t *Table) link(e *Entry) {
 	if e.Blob.State() == store.Completed {
 		e.prev, e.next = t.newest, nil
 		if t.newest != nil {
@@ -159,8 +185,11 @@ func (t *Table) unlink(e *Entry) {
 // MakeRoom evicts the oldest completed records until need more bytes and
 // one more entry fit. Claims in flight are never evicted: dropping one
 // would let a duplicate run while its owner still runs.
-func (t *Table) MakeRoom(need int64) error {
-	for len(t.entries) >= t.maxEntries || t.bytes+need > t.maxBytes {
+func (t *Table) MakeRoom(need int64) error { return t.makeRoom(need, 1) }
+
+// makeRoom is MakeRoom for need bytes in more entries entries.
+func (t *Table) makeRoom(need int64, more int) error {
+	for len(t.entries)+more > t.maxEntries || t.bytes+need > t.maxBytes {
 		if t.oldest == nil {
 			return errFull
 		}

@@ -135,3 +135,65 @@ func TestCheckFindsBrokenBookkeeping(t *testing.T) {
 		}
 	}
 }
+
+// Replace completes a claim where it stands: in a table at its entry limit
+// nothing is evicted for it, a blob that needs bytes evicts the oldest
+// completed entries, and one that cannot fit takes the claim out of the
+// table, as Remove, MakeRoom and Insert did.
+func TestReplaceCompletesInPlace(t *testing.T) {
+	tab := newTable(t, 3, 1<<20)
+	tab.Lock()
+	defer tab.Unlock()
+	old, claim, newer := completedEntry(1), claimEntry(), completedEntry(2)
+	for _, e := range []*Entry{old, claim, newer} {
+		if err := put(tab, e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	done := completedEntry(3).Blob
+	if err := tab.Replace(claim, done, 42); err != nil {
+		t.Fatal(err)
+	}
+	if err := tab.Check(); err != nil {
+		t.Fatal(err)
+	}
+	if tab.Len() != 3 || tab.newest != claim || tab.Lookup(old.Key) != old || claim.Expires != 42 || !bytesEqual(claim.Blob, done) {
+		t.Fatalf("a replace at the entry limit: %d entries, want 3 with the claim newest and nothing evicted", tab.Len())
+	}
+
+	// room for the claim and one small record, or the big one alone
+	tight := newTable(t, 10, Size(completedEntry(300).Blob)+Size(completedEntry(1).Blob)-1)
+	tight.Lock()
+	defer tight.Unlock()
+	first, c := completedEntry(1), claimEntry()
+	if put(tight, first) != nil || put(tight, c) != nil {
+		t.Fatal("the claim and a small record do not fit")
+	}
+	if err := tight.Replace(c, completedEntry(300).Blob, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := tight.Check(); err != nil {
+		t.Fatal(err)
+	}
+	if tight.Lookup(first.Key) != nil || tight.Lookup(c.Key) != c {
+		t.Fatal("a replace that needs bytes did not evict the oldest completed entry")
+	}
+
+	full := newTable(t, 10, Size(claimEntry().Blob)*2)
+	full.Lock()
+	defer full.Unlock()
+	other, mine := claimEntry(), claimEntry()
+	put(full, other)
+	put(full, mine)
+	if err := full.Replace(mine, completedEntry(1000).Blob, 1); !errors.Is(err, store.ErrUnavailable) {
+		t.Fatalf("a replace that cannot fit = %v, want ErrUnavailable", err)
+	}
+	if err := full.Check(); err != nil {
+		t.Fatal(err)
+	}
+	if full.Lookup(mine.Key) != nil || full.Lookup(other.Key) != other {
+		t.Fatal("a replace that cannot fit must take its own entry out and leave the other claims")
+	}
+}
+
+func bytesEqual(a, b store.Encoded) bool { return string(a) == string(b) }
