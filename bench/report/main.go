@@ -82,7 +82,12 @@ type cell struct {
 	vs map[string]ratios
 }
 
-type ratios struct{ rps, cpu, p99, storeCPU float64 }
+type ratios struct {
+	rps, cpu, p99, storeCPU float64
+	// cpuMid is the middle half of the per-round CPU ratios (25th to
+	// 75th percentile): how far one round's ratio strays on this machine.
+	cpuMid [2]float64
+}
 
 // references are the routes others are compared with, round by round.
 var references = []string{"proxy", "baseline", "baseline_cas", "baseline_pg", "memory", "redis"}
@@ -438,7 +443,22 @@ func pairedRatios(c, ref *cell) ratios {
 			p99 = append(p99, r.P99us/b.P99us)
 		}
 	}
-	return ratios{median(rps), median(cpu), median(p99), median(store)}
+	return ratios{median(rps), median(cpu), median(p99), median(store), [2]float64{quantile(cpu, 0.25), quantile(cpu, 0.75)}}
+}
+
+// quantile is the q-quantile of v, interpolated between the closest ranks.
+func quantile(v []float64, q float64) float64 {
+	if len(v) == 0 {
+		return math.NaN()
+	}
+	s := append([]float64(nil), v...)
+	sort.Float64s(s)
+	pos := q * float64(len(s)-1)
+	i := int(pos)
+	if i+1 >= len(s) {
+		return s[len(s)-1]
+	}
+	return s[i] + (pos-float64(i))*(s[i+1]-s[i])
 }
 
 func fmtRatio(v float64) string {
@@ -622,6 +642,14 @@ func chart(path string, cells map[caseKey]map[string]*cell, modes, routes []stri
 			}
 			if j == 0 {
 				p.Y.Max *= 1.05
+			}
+			// A log axis with one value (one concurrency, one p99) gets a
+			// range around it: gonum would pad it by ±1, past zero.
+			if p.X.Min == p.X.Max {
+				p.X.Min, p.X.Max = p.X.Min/2, p.X.Max*2
+			}
+			if j == 1 && p.Y.Min == p.Y.Max {
+				p.Y.Min, p.Y.Max = p.Y.Min/2, p.Y.Max*2
 			}
 			plots[i][j] = p
 		}

@@ -46,6 +46,8 @@ func writeTargets(md *strings.Builder, cells map[caseKey]map[string]*cell, concs
 	fmt.Fprintf(md, "## Issue 5 targets\n\n")
 	fmt.Fprintf(md, "Each target against the median per-round ratio at each concurrency; ✅ met, ❌ missed (by how much, in\n")
 	fmt.Fprintf(md, "percent of the limit). Throughput ratios on this shared 2-core machine swing by several percent from run to run.\n")
+	fmt.Fprintf(md, "In brackets, for CPU targets in runs of four rounds or more: the middle half of the per-round ratios (25th to\n")
+	fmt.Fprintf(md, "75th percentile), how far a single round strays; a median inside a bracket that spans the limit is not a verdict.\n")
 	fmt.Fprintf(md, "The issue's limits are against `baseline` (plain `SET` completion, no owner check); the rows marked\n")
 	fmt.Fprintf(md, "× baseline_cas, when that route ran, apply the same limits against the owner-checked floor.\n\n")
 	writeTargetTable(md, issue5, cells, concs)
@@ -136,10 +138,14 @@ func writeTargetTable(md *strings.Builder, targets []target, cells map[caseKey]m
 			default:
 				met = v >= t.limit
 			}
+			spread := ""
+			if mid := c.vs[t.ref].cpuMid; t.metric == cpuPerReq && len(c.runs) >= 4 {
+				spread = fmt.Sprintf(" [%.2f–%.2f]", mid[0], mid[1])
+			}
 			if met {
-				fmt.Fprintf(md, " ✅ %.2f |", v)
+				fmt.Fprintf(md, " ✅ %.2f%s |", v, spread)
 			} else {
-				fmt.Fprintf(md, " ❌ %.2f (%+.0f%%) |", v, 100*(v-t.limit)/t.limit)
+				fmt.Fprintf(md, " ❌ %.2f (%+.0f%%)%s |", v, 100*(v-t.limit)/t.limit, spread)
 			}
 		}
 		fmt.Fprintf(md, "\n")
