@@ -132,7 +132,7 @@ func StartSentinelWith(t testing.TB, opts SentinelOptions) *Sentinel {
 				"sentinel failover-timeout %[3]s %[7]d\n"+
 				"sentinel parallel-syncs %[3]s 1\n",
 				p, dir, sentinelMaster, master.port, quorum,
-				opts.DownAfter.Milliseconds(), opts.FailoverTimeout.Milliseconds())
+				startupDownAfter.Milliseconds(), opts.FailoverTimeout.Milliseconds())
 			if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
 				return nil, err
 			}
@@ -152,8 +152,23 @@ func StartSentinelWith(t testing.TB, opts SentinelOptions) *Sentinel {
 		s.sentinels = append(s.sentinels, sp)
 	}
 	s.WaitReady(t)
+	for i, sp := range s.sentinels {
+		if err := s.client(sp.addr()).Do(context.Background(), "SENTINEL", "SET", sentinelMaster,
+			"down-after-milliseconds", opts.DownAfter.Milliseconds()).Err(); err != nil {
+			t.Fatalf("testredis: setting sentinel %d's down-after-milliseconds: %v", i, err)
+		}
+	}
 	return s
 }
+
+// startupDownAfter is the down-after-milliseconds a Sentinel starts with,
+// until WaitReady has seen it connected: its link to the master counts as
+// down from the Sentinel's start, and a Sentinel whose first timer tick
+// came late (CI: 700ms after start, behind its first fsync of its config)
+// found the master down before it ever connected, tried a failover at once,
+// aborted it for want of a replica it had not met yet, and then would not
+// try again for twice failover-timeout: longer than any test waits.
+const startupDownAfter = 30 * time.Second
 
 func dataArgs(dir string, port int) []string {
 	return serverArgs(dir, port, "--repl-diskless-sync-delay", "0")
@@ -238,8 +253,9 @@ func (s *Sentinel) masterFrom(sp *proc) (string, error) {
 }
 
 // WaitReady waits until every Sentinel reports the master reachable with
-// a reachable quorum (SENTINEL CKQUORUM), knows the replica, and knows
-// every other Sentinel.
+// a reachable quorum (SENTINEL CKQUORUM), sees it up and not failing over
+// (its flags are "master" alone), knows the replica, and knows every
+// other Sentinel.
 func (s *Sentinel) WaitReady(t testing.TB) {
 	t.Helper()
 	ctx := context.Background()
@@ -248,6 +264,13 @@ func (s *Sentinel) WaitReady(t testing.TB) {
 			c := s.client(sp.addr())
 			if err := c.Do(ctx, "SENTINEL", "CKQUORUM", sentinelMaster).Err(); err != nil {
 				return fmt.Errorf("sentinel %d: %w", i, err)
+			}
+			master, err := c.Do(ctx, "SENTINEL", "MASTER", sentinelMaster).Result()
+			if err != nil {
+				return fmt.Errorf("sentinel %d: %w", i, err)
+			}
+			if flags := field(master, "flags"); flags != "master" {
+				return fmt.Errorf("sentinel %d sees the master as %q", i, flags)
 			}
 			replicas, err := c.Do(ctx, "SENTINEL", "REPLICAS", sentinelMaster).Slice()
 			if err != nil {
@@ -406,3 +429,21 @@ func (s *Sentinel) close() {
 // election that fails (a split vote, or a Sentinel slowed down on a loaded
 // machine) is retried after twice the failover timeout, 20s.
 const FailoverWait = 30 * time.Second
+
+// field is the value of name in a reply of names and values, as SENTINEL
+// MASTER gives: a map in RESP3, a flat list in RESP2.
+func field(reply any, name string) string {
+	switch r := reply.(type) {
+	case map[any]any:
+		v, _ := r[name].(string)
+		return v
+	case []any:
+		for i := 0; i+1 < len(r); i += 2 {
+			if r[i] == name {
+				v, _ := r[i+1].(string)
+				return v
+			}
+		}
+	}
+	return ""
+}
