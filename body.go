@@ -39,6 +39,11 @@ func (h *Handler) readBody(r *http.Request) (body *bufferedBody, tooLarge bool, 
 	r.Body.Close()
 	body.Reset(buf.data)
 	buf.refs.Store(2) // the handler's, and the next handler's until it closes it
+	// r.GetBody stays nil although the body could now be replayed: with
+	// one, net/http's transport counts a request that carries an
+	// Idempotency-Key as replayable, and resends it when a reused
+	// connection fails after the request was written, to an upstream
+	// that may have run it.
 	r.Body = body
 	return body, false, nil
 }
