@@ -119,19 +119,14 @@ func (t *Table) Live(k store.Key, n int64) *Entry {
 // Remove drops e from the table.
 func (t *Table) Remove(e *Entry) {
 	delete(t.entries, e.Key)
-	if e.Blob.State() == store.Completed {
-		t.unlink(e)
-	}
-	t.bytes -= e.size
+	t.uncount(e)
 }
 
 // Insert adds e, sized for its blob, to the table; a completed record
 // becomes the newest in the eviction list. Room must have been made.
 func (t *Table) Insert(e *Entry) {
-	e.size = Size(e.Blob)
 	t.entries[e.Key] = e
-	t.bytes += e.size
-	t.link(e)
+	t.count(e)
 }
 
 // Replace gives e, an entry of the table, a new blob and expiry: what
@@ -140,23 +135,21 @@ func (t *Table) Insert(e *Entry) {
 // the whole table evicts others rather than failing forever; if room
 // cannot be made, e leaves the table, as it would have been removed.
 func (t *Table) Replace(e *Entry, blob store.Encoded, expires int64) error {
-	if e.Blob.State() == store.Completed {
-		t.unlink(e)
-	}
-	t.bytes -= e.size
-	e.size = 0
+	t.uncount(e)
 	if err := t.makeRoom(Size(blob), 0); err != nil {
 		delete(t.entries, e.Key)
 		return err
 	}
-	e.Blob, e.Expires, e.size = blob, expires, Size(blob)
-	t.bytes += e.size
-	t.link(e)
+	e.Blob, e.Expires = blob, expires
+	t.count(e)
 	return nil
 }
 
-// link makes e, if completed, the newest in the eviction list.
-func (t *Table) link(e *Entry) {
+// count adds e, sized for its blob, to the table's bytes and, if
+// completed, to the eviction list as its newest.
+func (t *Table) count(e *Entry) {
+	e.size = Size(e.Blob)
+	t.bytes += e.size
 	if e.Blob.State() == store.Completed {
 		e.prev, e.next = t.newest, nil
 		if t.newest != nil {
@@ -166,6 +159,14 @@ func (t *Table) link(e *Entry) {
 		}
 		t.newest = e
 	}
+}
+
+// uncount takes e out of the table's bytes and the eviction list.
+func (t *Table) uncount(e *Entry) {
+	if e.Blob.State() == store.Completed {
+		t.unlink(e)
+	}
+	t.bytes -= e.size
 }
 
 func (t *Table) unlink(e *Entry) {

@@ -1,6 +1,7 @@
 package table
 
 import (
+	"bytes"
 	"errors"
 	"reflect"
 	"testing"
@@ -157,7 +158,7 @@ func TestReplaceCompletesInPlace(t *testing.T) {
 	if err := tab.Check(); err != nil {
 		t.Fatal(err)
 	}
-	if tab.Len() != 3 || tab.newest != claim || tab.Lookup(old.Key) != old || claim.Expires != 42 || !bytesEqual(claim.Blob, done) {
+	if tab.Len() != 3 || tab.newest != claim || tab.Lookup(old.Key) != old || claim.Expires != 42 || !bytes.Equal(claim.Blob, done) {
 		t.Fatalf("a replace at the entry limit: %d entries, want 3 with the claim newest and nothing evicted", tab.Len())
 	}
 
@@ -195,5 +196,3 @@ func TestReplaceCompletesInPlace(t *testing.T) {
 		t.Fatal("a replace that cannot fit must take its own entry out and leave the other claims")
 	}
 }
-
-func bytesEqual(a, b store.Encoded) bool { return string(a) == string(b) }
