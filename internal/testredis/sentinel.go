@@ -265,11 +265,13 @@ func (s *Sentinel) WaitReady(t testing.TB) {
 			if err := c.Do(ctx, "SENTINEL", "CKQUORUM", sentinelMaster).Err(); err != nil {
 				return fmt.Errorf("sentinel %d: %w", i, err)
 			}
-			master, err := c.Do(ctx, "SENTINEL", "MASTER", sentinelMaster).Result()
-			if err != nil {
+			// the command go-redis's SentinelClient.Master sends, whose
+			// reply type reads RESP2's flat list and RESP3's map alike
+			master := goredis.NewMapStringStringCmd(ctx, "SENTINEL", "MASTER", sentinelMaster)
+			if err := c.Process(ctx, master); err != nil {
 				return fmt.Errorf("sentinel %d: %w", i, err)
 			}
-			if flags := field(master, "flags"); flags != "master" {
+			if flags := master.Val()["flags"]; flags != "master" {
 				return fmt.Errorf("sentinel %d sees the master as %q", i, flags)
 			}
 			replicas, err := c.Do(ctx, "SENTINEL", "REPLICAS", sentinelMaster).Slice()
@@ -429,21 +431,3 @@ func (s *Sentinel) close() {
 // election that fails (a split vote, or a Sentinel slowed down on a loaded
 // machine) is retried after twice the failover timeout, 20s.
 const FailoverWait = 30 * time.Second
-
-// field is the value of name in a reply of names and values, as SENTINEL
-// MASTER gives: a map in RESP3, a flat list in RESP2.
-func field(reply any, name string) string {
-	switch r := reply.(type) {
-	case map[any]any:
-		v, _ := r[name].(string)
-		return v
-	case []any:
-		for i := 0; i+1 < len(r); i += 2 {
-			if r[i] == name {
-				v, _ := r[i+1].(string)
-				return v
-			}
-		}
-	}
-	return ""
-}
