@@ -378,18 +378,7 @@ func readRuns(path string) ([]run, error) {
 	return runs, sc.Err()
 }
 
-func median(v []float64) float64 {
-	if len(v) == 0 {
-		return math.NaN()
-	}
-	s := append([]float64(nil), v...)
-	sort.Float64s(s)
-	n := len(s)
-	if n%2 == 1 {
-		return s[n/2]
-	}
-	return (s[n/2-1] + s[n/2]) / 2
-}
+func median(v []float64) float64 { return quantile(v, 0.5) }
 
 func summarize(c *cell) {
 	var rps, p50, p99, cpu, cpuCaddy, cpuStore, others []float64
