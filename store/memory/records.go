@@ -41,7 +41,7 @@ func (m *Memory) claim(k store.Key, c *store.Claim) ([]byte, error) {
 	if err := t.MakeRoom(table.Size(blob)); err != nil {
 		return nil, err
 	}
-	t.Insert(&table.Entry{Key: k, Blob: blob, Expires: n.Add(c.Lease).UnixNano()})
+	t.Insert(k, blob, n.Add(c.Lease).UnixNano())
 	c.TookOver, c.CreatedAt = dead, n
 	return nil, nil
 }

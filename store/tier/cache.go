@@ -97,7 +97,7 @@ func (c *Cache) Put(k store.Key, blob store.Encoded, version uint64) bool {
 	if err := t.MakeRoom(size); err != nil {
 		return false // cannot happen: every entry is completed, hence evictable
 	}
-	t.Insert(&table.Entry{Key: k, Blob: blob, Expires: expires.UnixNano()})
+	t.Insert(k, blob, expires.UnixNano())
 	return true
 }
 

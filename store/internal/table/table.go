@@ -15,10 +15,13 @@ import (
 const (
 	sweepInterval = time.Minute
 	// overhead approximates what one record costs beyond its encoded
-	// blob, so max_bytes stays honest for many small records: the Entry
-	// struct (88 bytes, a 96-byte allocation) and its map slot (a 32-byte
-	// key and a pointer, in a map 7/16 to 7/8 full: 46 to 92 bytes).
-	overhead = 160
+	// blob, so max_bytes stays honest for many small records: its slot
+	// (an 88-byte Entry), two to four index words (the index is a quarter
+	// to half full) and the rounding of the blob's allocation.
+	overhead = 128
+	// chunkLen slots are allocated at a time, so that entries never move.
+	chunkLen = 1 << 10
+	none     = -1
 )
 
 var errFull = fmt.Errorf("%w: memory store is full of in-flight claims", store.ErrUnavailable)
@@ -27,37 +30,48 @@ var errFull = fmt.Errorf("%w: memory store is full of in-flight claims", store.E
 // guards it: every method but Destruct is called with it held.
 //
 // It may hold a hundred thousand records for as long as their TTL, and the
-// GC marks everything they point to on every cycle. So a record is kept in
-// the shared codec's encoding, one pointer-free blob the GC never scans,
-// and an entry holds just three pointers: the blob and its links in the
-// eviction list.
+// GC marks everything they point to on every cycle, while the gateway runs.
+// So a record is kept in the shared codec's encoding, one pointer-free blob
+// the GC never scans; the entries live in slots of a few large arrays,
+// linked by slot number; and the index (index.go) holds slot numbers. Per
+// record, the GC follows one pointer, to the blob, where a Go map of
+// pointers to entries cost it the map's buckets, an object per entry and
+// its links.
 type Table struct {
 	sync.Mutex
-	entries map[store.Key]*Entry
+	index  []uint64
+	chunks [][]Entry
+	slots  int32 // slots handed out, in use or free
+	free   int32 // the first free slot; each free slot's next is the one after
+	n      int   // entries
 	// oldest and newest are the ends of the list of completed entries, in
 	// order of completion: the eviction order. Claims are not in it.
-	oldest, newest *Entry
+	oldest, newest int32
 	bytes          int64
 	maxEntries     int
 	maxBytes       int64
 	stop           chan struct{}
 }
 
-// Entry is one record in a Table.
+// Entry is one record in a Table: a slot, which stays where it is until
+// the entry is removed, so a pointer to it is good while the table is
+// locked and the entry in it.
 type Entry struct {
 	Key store.Key
 	// Blob is the encoded record. It is never written once built (a new
-	// blob replaces it, and only while the entry is out of the table,
-	// between Remove and Insert), so records decoded from it may alias
-	// it, and it may be decoded outside the lock. Its head tells the
-	// state and the owner, so that ownership is checked without decoding,
-	// as the Redis store's scripts do.
+	// blob replaces it), so records decoded from it may alias it, and it
+	// may be decoded outside the lock. Its head tells the state and the
+	// owner, so that ownership is checked without decoding, as the Redis
+	// store's scripts do. A free slot has none.
 	Blob store.Encoded
 	// Expires is the end of the lease or TTL, in Unix nanoseconds: a
 	// time.Time would hold a *Location for the GC to follow.
-	Expires    int64
-	size       int64
-	prev, next *Entry // in the eviction list, once completed
+	Expires int64
+	size    int64
+	// prev and next link the eviction list, once completed, by slot
+	// number; next also links the free slots.
+	prev, next int32
+	slot       int32
 }
 
 // Size is what an entry holding blob counts for against the table's bytes.
@@ -66,12 +80,8 @@ func Size(blob store.Encoded) int64 { return int64(len(blob) + overhead) }
 // New returns an empty table of at most maxEntries entries and maxBytes
 // bytes, whose sweeper drops expired entries until Destruct.
 func New(maxEntries int, maxBytes int64) *Table {
-	t := &Table{
-		entries:    make(map[store.Key]*Entry),
-		maxEntries: maxEntries,
-		maxBytes:   maxBytes,
-		stop:       make(chan struct{}),
-	}
+	t := &Table{maxEntries: maxEntries, maxBytes: maxBytes, stop: make(chan struct{})}
+	t.Clear()
 	go t.sweep()
 	return t
 }
@@ -92,7 +102,7 @@ func (t *Table) sweep() {
 		case <-tick.C:
 			t.Lock()
 			n := time.Now().UnixNano()
-			for _, e := range t.entries {
+			for e := range t.All() {
 				if n >= e.Expires {
 					t.Remove(e)
 				}
@@ -102,13 +112,21 @@ func (t *Table) sweep() {
 	}
 }
 
+func (t *Table) at(s int32) *Entry { return &t.chunks[s/chunkLen][s%chunkLen] }
+
 // Lookup returns the entry for k, expired or not; nil if there is none.
-func (t *Table) Lookup(k store.Key) *Entry { return t.entries[k] }
+func (t *Table) Lookup(k store.Key) *Entry {
+	pos, found := t.find(&k)
+	if !found {
+		return nil
+	}
+	return t.at(slotOf(t.index[pos]))
+}
 
 // Live returns the entry for k unexpired at n (Unix nanoseconds), dropping
 // an expired one.
 func (t *Table) Live(k store.Key, n int64) *Entry {
-	e := t.entries[k]
+	e := t.Lookup(k)
 	if e != nil && n >= e.Expires {
 		t.Remove(e)
 		return nil
@@ -118,26 +136,65 @@ func (t *Table) Live(k store.Key, n int64) *Entry {
 
 // Remove drops e from the table.
 func (t *Table) Remove(e *Entry) {
-	delete(t.entries, e.Key)
 	t.uncount(e)
+	t.drop(e)
 }
 
-// Insert adds e, sized for its blob, to the table; a completed record
-// becomes the newest in the eviction list. Room must have been made.
-func (t *Table) Insert(e *Entry) {
-	t.entries[e.Key] = e
+// drop takes e, uncounted, out of the index and frees its slot.
+func (t *Table) drop(e *Entry) {
+	pos, _ := t.find(&e.Key)
+	t.unindex(pos)
+	s := e.slot
+	*e = Entry{slot: s, next: t.free} // lets go of the blob
+	t.free = s
+	t.n--
+}
+
+// Insert adds k's record, sized for its blob, to the table and returns its
+// entry; a completed record becomes the newest in the eviction list. Room
+// must have been made, and k must have no entry.
+func (t *Table) Insert(k store.Key, blob store.Encoded, expires int64) *Entry {
+	if len(blob) == 0 {
+		panic("table: inserting an empty blob")
+	}
+	t.grow()
+	pos, found := t.find(&k)
+	if found {
+		panic("table: inserting a key the table holds")
+	}
+	e := t.takeSlot()
+	e.Key, e.Blob, e.Expires = k, blob, expires
+	t.index[pos] = pack(hash32(&k), e.slot)
+	t.n++
 	t.count(e)
+	return e
 }
 
-// Replace gives e, an entry of the table, a new blob and expiry: what
-// Remove, MakeRoom and Insert would do, without the two map writes. Room
+// takeSlot returns a free slot, a new one if none is free.
+func (t *Table) takeSlot() *Entry {
+	if t.free != none {
+		e := t.at(t.free)
+		t.free = e.next
+		return e
+	}
+	if int(t.slots) == len(t.chunks)*chunkLen {
+		t.chunks = append(t.chunks, make([]Entry, chunkLen))
+	}
+	e := t.at(t.slots)
+	e.slot = t.slots
+	t.slots++
+	return e
+}
+
+// Replace gives e, an entry of the table, a new blob and expiry in place:
+// what Remove, MakeRoom and Insert would do, without taking it out. Room
 // is made with e's old blob already uncounted, so that a blob too big for
 // the whole table evicts others rather than failing forever; if room
 // cannot be made, e leaves the table, as it would have been removed.
 func (t *Table) Replace(e *Entry, blob store.Encoded, expires int64) error {
 	t.uncount(e)
 	if err := t.makeRoom(Size(blob), 0); err != nil {
-		delete(t.entries, e.Key)
+		t.drop(e)
 		return err
 	}
 	e.Blob, e.Expires = blob, expires
@@ -150,14 +207,15 @@ func (t *Table) Replace(e *Entry, blob store.Encoded, expires int64) error {
 func (t *Table) count(e *Entry) {
 	e.size = Size(e.Blob)
 	t.bytes += e.size
+	e.prev, e.next = none, none
 	if e.Blob.State() == store.Completed {
-		e.prev, e.next = t.newest, nil
-		if t.newest != nil {
-			t.newest.next = e
+		e.prev = t.newest
+		if t.newest != none {
+			t.at(t.newest).next = e.slot
 		} else {
-			t.oldest = e
+			t.oldest = e.slot
 		}
-		t.newest = e
+		t.newest = e.slot
 	}
 }
 
@@ -170,17 +228,17 @@ func (t *Table) uncount(e *Entry) {
 }
 
 func (t *Table) unlink(e *Entry) {
-	if e.prev != nil {
-		e.prev.next = e.next
+	if e.prev != none {
+		t.at(e.prev).next = e.next
 	} else {
 		t.oldest = e.next
 	}
-	if e.next != nil {
-		e.next.prev = e.prev
+	if e.next != none {
+		t.at(e.next).prev = e.prev
 	} else {
 		t.newest = e.prev
 	}
-	e.prev, e.next = nil, nil
+	e.prev, e.next = none, none
 }
 
 // MakeRoom evicts the oldest completed records until need more bytes and
@@ -190,27 +248,28 @@ func (t *Table) MakeRoom(need int64) error { return t.makeRoom(need, 1) }
 
 // makeRoom is MakeRoom for need bytes in more entries entries.
 func (t *Table) makeRoom(need int64, more int) error {
-	for len(t.entries)+more > t.maxEntries || t.bytes+need > t.maxBytes {
-		if t.oldest == nil {
+	for t.n+more > t.maxEntries || t.bytes+need > t.maxBytes {
+		if t.oldest == none {
 			return errFull
 		}
-		t.Remove(t.oldest)
+		t.Remove(t.at(t.oldest))
 	}
 	return nil
 }
 
-// Clear drops every entry.
+// Clear drops every entry, and the memory of the slots and index.
 func (t *Table) Clear() {
-	clear(t.entries)
-	t.oldest, t.newest, t.bytes = nil, nil, 0
+	t.index = make([]uint64, minIndex)
+	t.chunks, t.slots, t.free, t.n = nil, 0, none, 0
+	t.oldest, t.newest, t.bytes = none, none, 0
 }
 
 // All yields every entry, expired or not, in no order. The entry yielded
 // may be removed.
 func (t *Table) All() iter.Seq[*Entry] {
 	return func(yield func(*Entry) bool) {
-		for _, e := range t.entries {
-			if !yield(e) {
+		for s := range t.slots {
+			if e := t.at(s); e.Blob != nil && !yield(e) {
 				return
 			}
 		}
@@ -218,7 +277,7 @@ func (t *Table) All() iter.Seq[*Entry] {
 }
 
 // Len is the number of entries.
-func (t *Table) Len() int { return len(t.entries) }
+func (t *Table) Len() int { return t.n }
 
 // Bytes is what the entries count for, overhead included.
 func (t *Table) Bytes() int64 { return t.bytes }

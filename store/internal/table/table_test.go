@@ -30,15 +30,19 @@ func pointers(t reflect.Type) int {
 	return 0
 }
 
-// The point of the entry's layout: per record the GC follows the blob,
-// which it does not scan, and the two list links. A time.Time, a string or
-// a header map here would bring back a pointer chase per record per cycle.
+// The point of the table's layout: per record the GC follows the blob,
+// which it does not scan, and nothing else. A pointer link, a time.Time, a
+// string or a header map here would bring back a pointer chase per record
+// per cycle, and the index must hold none.
 func TestEntryIsNearlyPointerFree(t *testing.T) {
-	if n := pointers(reflect.TypeFor[Entry]()); n != 3 {
-		t.Fatalf("entry holds %d pointers, want 3 (blob, prev, next)", n)
+	if n := pointers(reflect.TypeFor[Entry]()); n != 1 {
+		t.Fatalf("entry holds %d pointers, want 1 (the blob)", n)
 	}
 	if pointers(reflect.TypeFor[Entry]().Field(1).Type.Elem()) != 0 {
 		t.Fatal("the blob's elements hold pointers")
+	}
+	if pointers(reflect.TypeFor[Table]().Field(1).Type.Elem()) != 0 {
+		t.Fatal("the index holds pointers")
 	}
 }
 
@@ -48,23 +52,30 @@ func newTable(t *testing.T, maxEntries int, maxBytes int64) *Table {
 	return tab
 }
 
-func claimEntry() *Entry {
-	blob := store.AppendClaim(nil, &store.Claim{Token: storetest.NewToken()}, time.Now())
-	return &Entry{Key: storetest.NewKey(), Blob: blob, Expires: time.Now().Add(time.Hour).UnixNano()}
+func claimBlob() store.Encoded {
+	return store.AppendClaim(nil, &store.Claim{Token: storetest.NewToken()}, time.Now())
 }
 
-func completedEntry(size int) *Entry {
-	blob := store.AppendCompleted(nil, &store.Claim{Token: storetest.NewToken()}, &store.Record{Status: 201, Body: make([]byte, size)})
-	return &Entry{Key: storetest.NewKey(), Blob: blob, Expires: time.Now().Add(time.Hour).UnixNano()}
+func completedBlob(size int) store.Encoded {
+	return store.AppendCompleted(nil, &store.Claim{Token: storetest.NewToken()}, &store.Record{Status: 201, Body: make([]byte, size)})
 }
 
-// put makes room for e and inserts it, as the stores do.
-func put(t *Table, e *Entry) error {
-	if err := t.MakeRoom(Size(e.Blob)); err != nil {
-		return err
+// put makes room for blob under a new key and inserts it, as the stores
+// do.
+func put(t *Table, blob store.Encoded) (*Entry, error) {
+	if err := t.MakeRoom(Size(blob)); err != nil {
+		return nil, err
 	}
-	t.Insert(e)
-	return nil
+	return t.Insert(storetest.NewKey(), blob, time.Now().Add(time.Hour).UnixNano()), nil
+}
+
+func mustPut(t *testing.T, tab *Table, blob store.Encoded) *Entry {
+	t.Helper()
+	e, err := put(tab, blob)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
 }
 
 // MakeRoom evicts completed entries oldest first and never a claim; the
@@ -73,17 +84,10 @@ func TestMakeRoomEvictsOldestCompletedOnly(t *testing.T) {
 	tab := newTable(t, 5, 1<<20)
 	tab.Lock()
 	defer tab.Unlock()
-	claim := claimEntry()
+	claim := mustPut(t, tab, claimBlob())
 	var completed []*Entry
-	if err := put(tab, claim); err != nil {
-		t.Fatal(err)
-	}
 	for i := range 10 {
-		e := completedEntry(i * 10)
-		if err := put(tab, e); err != nil {
-			t.Fatal(err)
-		}
-		completed = append(completed, e)
+		completed = append(completed, mustPut(t, tab, completedBlob(i*10)))
 		if err := tab.Check(); err != nil {
 			t.Fatalf("after insert %d: %v", i, err)
 		}
@@ -96,7 +100,7 @@ func TestMakeRoomEvictsOldestCompletedOnly(t *testing.T) {
 	for e := range tab.Evictable() {
 		listed = append(listed, e)
 	}
-	want := []*Entry{completed[6], completed[8], completed[9]}
+	want := []*Entry{completed[6], completed[8], completed[9]} // the slots that hold them
 	if !reflect.DeepEqual(listed, want) || tab.Lookup(claim.Key) != claim || tab.Len() != 4 {
 		t.Fatalf("listed %d entries, %d in the table; want the 3 newest completed and the claim", len(listed), tab.Len())
 	}
@@ -104,9 +108,9 @@ func TestMakeRoomEvictsOldestCompletedOnly(t *testing.T) {
 	full := newTable(t, 2, 1<<20)
 	full.Lock()
 	defer full.Unlock()
-	put(full, claimEntry())
-	put(full, claimEntry())
-	if err := put(full, completedEntry(1)); !errors.Is(err, store.ErrUnavailable) {
+	mustPut(t, full, claimBlob())
+	mustPut(t, full, claimBlob())
+	if _, err := put(full, completedBlob(1)); !errors.Is(err, store.ErrUnavailable) {
 		t.Fatalf("MakeRoom in a table full of claims = %v, want ErrUnavailable", err)
 	}
 }
@@ -114,19 +118,24 @@ func TestMakeRoomEvictsOldestCompletedOnly(t *testing.T) {
 // Check finds each kind of broken bookkeeping.
 func TestCheckFindsBrokenBookkeeping(t *testing.T) {
 	for name, breakIt := range map[string]func(*Table){
-		"bytes":        func(tab *Table) { tab.bytes++ },
-		"size":         func(tab *Table) { tab.oldest.size++ },
-		"key":          func(tab *Table) { tab.oldest.Key[0]++ },
-		"back link":    func(tab *Table) { tab.newest.prev = nil },
-		"newest":       func(tab *Table) { tab.newest = tab.oldest },
-		"cycle":        func(tab *Table) { tab.newest.next = tab.oldest },
-		"unlisted":     func(tab *Table) { tab.unlink(tab.newest) },
-		"stray listed": func(tab *Table) { delete(tab.entries, tab.oldest.Key); tab.bytes -= tab.oldest.size },
+		"bytes":       func(tab *Table) { tab.bytes++ },
+		"size":        func(tab *Table) { tab.at(tab.oldest).size++ },
+		"key":         func(tab *Table) { tab.at(tab.oldest).Key[0]++ },
+		"hash":        func(tab *Table) { tab.index[position(tab, tab.at(tab.newest))] ^= 1 << 40 },
+		"unindexed":   func(tab *Table) { tab.unindex(position(tab, tab.at(tab.oldest))) },
+		"count":       func(tab *Table) { tab.n-- },
+		"free list":   func(tab *Table) { tab.free = none },
+		"back link":   func(tab *Table) { tab.at(tab.newest).prev = none },
+		"newest":      func(tab *Table) { tab.newest = tab.oldest },
+		"cycle":       func(tab *Table) { tab.at(tab.newest).next = tab.oldest },
+		"unlisted":    func(tab *Table) { tab.unlink(tab.at(tab.newest)) },
+		"listed free": func(tab *Table) { tab.at(tab.newest).next = tab.free },
 	} {
 		tab := newTable(t, 10, 1<<20)
-		for _, e := range []*Entry{completedEntry(1), claimEntry(), completedEntry(2), completedEntry(3)} {
-			put(tab, e)
+		for _, blob := range []store.Encoded{completedBlob(1), claimBlob(), completedBlob(2), completedBlob(3), claimBlob()} {
+			mustPut(t, tab, blob)
 		}
+		tab.Remove(tab.Lookup(keyOfLast(tab))) // a free slot
 		if err := tab.Check(); err != nil {
 			t.Fatalf("%s: a sound table: %v", name, err)
 		}
@@ -145,54 +154,56 @@ func TestReplaceCompletesInPlace(t *testing.T) {
 	tab := newTable(t, 3, 1<<20)
 	tab.Lock()
 	defer tab.Unlock()
-	old, claim, newer := completedEntry(1), claimEntry(), completedEntry(2)
-	for _, e := range []*Entry{old, claim, newer} {
-		if err := put(tab, e); err != nil {
-			t.Fatal(err)
-		}
-	}
-	done := completedEntry(3).Blob
+	old, claim := mustPut(t, tab, completedBlob(1)), mustPut(t, tab, claimBlob())
+	mustPut(t, tab, completedBlob(2))
+	done := completedBlob(3)
 	if err := tab.Replace(claim, done, 42); err != nil {
 		t.Fatal(err)
 	}
 	if err := tab.Check(); err != nil {
 		t.Fatal(err)
 	}
-	if tab.Len() != 3 || tab.newest != claim || tab.Lookup(old.Key) != old || claim.Expires != 42 || !bytes.Equal(claim.Blob, done) {
+	if tab.Len() != 3 || tab.at(tab.newest) != claim || tab.Lookup(old.Key) != old || claim.Expires != 42 || !bytes.Equal(claim.Blob, done) {
 		t.Fatalf("a replace at the entry limit: %d entries, want 3 with the claim newest and nothing evicted", tab.Len())
 	}
 
 	// room for the claim and one small record, or the big one alone
-	tight := newTable(t, 10, Size(completedEntry(300).Blob)+Size(completedEntry(1).Blob)-1)
+	tight := newTable(t, 10, Size(completedBlob(300))+Size(completedBlob(1))-1)
 	tight.Lock()
 	defer tight.Unlock()
-	first, c := completedEntry(1), claimEntry()
-	if put(tight, first) != nil || put(tight, c) != nil {
-		t.Fatal("the claim and a small record do not fit")
-	}
-	if err := tight.Replace(c, completedEntry(300).Blob, 1); err != nil {
+	first, c := mustPut(t, tight, completedBlob(1)), mustPut(t, tight, claimBlob())
+	firstKey := first.Key
+	if err := tight.Replace(c, completedBlob(300), 1); err != nil {
 		t.Fatal(err)
 	}
 	if err := tight.Check(); err != nil {
 		t.Fatal(err)
 	}
-	if tight.Lookup(first.Key) != nil || tight.Lookup(c.Key) != c {
+	if tight.Lookup(firstKey) != nil || tight.Lookup(c.Key) != c {
 		t.Fatal("a replace that needs bytes did not evict the oldest completed entry")
 	}
 
-	full := newTable(t, 10, Size(claimEntry().Blob)*2)
+	full := newTable(t, 10, Size(claimBlob())*2)
 	full.Lock()
 	defer full.Unlock()
-	other, mine := claimEntry(), claimEntry()
-	put(full, other)
-	put(full, mine)
-	if err := full.Replace(mine, completedEntry(1000).Blob, 1); !errors.Is(err, store.ErrUnavailable) {
+	other, mine := mustPut(t, full, claimBlob()), mustPut(t, full, claimBlob())
+	mineKey := mine.Key
+	if err := full.Replace(mine, completedBlob(1000), 1); !errors.Is(err, store.ErrUnavailable) {
 		t.Fatalf("a replace that cannot fit = %v, want ErrUnavailable", err)
 	}
 	if err := full.Check(); err != nil {
 		t.Fatal(err)
 	}
-	if full.Lookup(mine.Key) != nil || full.Lookup(other.Key) != other {
+	if full.Lookup(mineKey) != nil || full.Lookup(other.Key) != other {
 		t.Fatal("a replace that cannot fit must take its own entry out and leave the other claims")
 	}
 }
+
+// position is where the index holds e.
+func position(tab *Table, e *Entry) int {
+	pos, _ := tab.find(&e.Key)
+	return pos
+}
+
+// keyOfLast is the key in the last slot handed out.
+func keyOfLast(tab *Table) store.Key { return tab.at(tab.slots - 1).Key }
