@@ -44,6 +44,10 @@ func TestEntryIsNearlyPointerFree(t *testing.T) {
 	if pointers(reflect.TypeFor[Table]().Field(1).Type.Elem()) != 0 {
 		t.Fatal("the index holds pointers")
 	}
+	// what overhead says it counts: the slot and two to four index words
+	if size := reflect.TypeFor[Entry]().Size(); size+4*8 > overhead {
+		t.Fatalf("an entry takes %d bytes and up to 32 of index: more than the %d of overhead counted", size, overhead)
+	}
 }
 
 func newTable(t *testing.T, maxEntries int, maxBytes int64) *Table {
