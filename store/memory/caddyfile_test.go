@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+
+	"github.com/caddy-idempotency/caddy-idempotency/store/internal/table"
 )
 
 func TestUnmarshalCaddyfile(t *testing.T) {
@@ -35,5 +37,16 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 		if err != nil || got.MaxEntries != tc.want.MaxEntries || got.MaxBytes != tc.want.MaxBytes || got.Name != tc.want.Name {
 			t.Errorf("%q: got %+v, %v; want %+v", tc.in, got, err, tc.want)
 		}
+	}
+}
+
+// The table numbers its slots in an int32: a bound past what it can hold
+// is refused, not quietly lowered.
+func TestValidateRefusesMoreEntriesThanATableHolds(t *testing.T) {
+	if err := (&Memory{MaxEntries: table.MaxEntries}).Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if err := (&Memory{MaxEntries: table.MaxEntries + 1}).Validate(); err == nil {
+		t.Fatal("Validate passed more entries than a table holds")
 	}
 }

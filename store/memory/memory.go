@@ -43,7 +43,8 @@ type Memory struct {
 	// 64MiB)".
 	Name string `json:"name,omitempty"`
 
-	// MaxEntries bounds the number of records kept. Default: 100000.
+	// MaxEntries bounds the number of records kept, at most 1073741824.
+	// Default: 100000.
 	MaxEntries int `json:"max_entries,omitempty"`
 	// MaxBytes bounds the memory that stored responses may use, in bytes.
 	// Default: 268435456 (256 MiB).
@@ -88,8 +89,8 @@ func (m *Memory) Provision(ctx caddy.Context) error {
 
 // Validate checks the limits.
 func (m *Memory) Validate() error {
-	if m.MaxEntries < 0 {
-		return fmt.Errorf("max_entries must not be negative: %d", m.MaxEntries)
+	if m.MaxEntries < 0 || m.MaxEntries > table.MaxEntries {
+		return fmt.Errorf("max_entries must be between 0 and %d: %d", table.MaxEntries, m.MaxEntries)
 	}
 	if m.MaxBytes < 0 {
 		return fmt.Errorf("max_bytes must not be negative: %d", m.MaxBytes)

@@ -22,6 +22,10 @@ const (
 	// chunkLen slots are allocated at a time, so that entries never move.
 	chunkLen = 1 << 10
 	none     = -1
+	// MaxEntries is the most entries a table holds, whatever its bound
+	// says: slots are numbered in an int32, and the index packs them with
+	// their hash in one word.
+	MaxEntries = 1 << 30
 )
 
 var errFull = fmt.Errorf("%w: memory store is full of in-flight claims", store.ErrUnavailable)
@@ -77,10 +81,10 @@ type Entry struct {
 // Size is what an entry holding blob counts for against the table's bytes.
 func Size(blob store.Encoded) int64 { return int64(len(blob) + overhead) }
 
-// New returns an empty table of at most maxEntries entries and maxBytes
-// bytes, whose sweeper drops expired entries until Destruct.
+// New returns an empty table of at most maxEntries entries (and never more
+// than MaxEntries) and maxBytes bytes, whose sweeper drops expired entries until Destruct.
 func New(maxEntries int, maxBytes int64) *Table {
-	t := &Table{maxEntries: maxEntries, maxBytes: maxBytes, stop: make(chan struct{})}
+	t := &Table{maxEntries: min(maxEntries, MaxEntries), maxBytes: maxBytes, stop: make(chan struct{})}
 	t.Clear()
 	go t.sweep()
 	return t
