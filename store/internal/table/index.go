@@ -36,8 +36,10 @@ func home(idx []uint64, h uint32) int {
 
 // find returns the index position of k: where it is (found) or the empty
 // position where it would go.
-func (t *Table) find(k *store.Key) (pos int, found bool) {
-	h := hash32(k)
+func (t *Table) find(k *store.Key) (pos int, found bool) { return t.probe(k, hash32(k)) }
+
+// probe is find for a key whose hash, h, the caller has at hand.
+func (t *Table) probe(k *store.Key, h uint32) (pos int, found bool) {
 	mask := len(t.index) - 1
 	for pos = home(t.index, h); ; pos = (pos + 1) & mask {
 		w := t.index[pos]
@@ -55,7 +57,7 @@ func (t *Table) find(k *store.Key) (pos int, found bool) {
 func (t *Table) unindex(pos int) {
 	idx := t.index
 	mask := len(idx) - 1
-	t.index[pos] = 0
+	idx[pos] = 0
 	for j := (pos + 1) & mask; idx[j] != 0; j = (j + 1) & mask {
 		h := home(idx, hashOf(idx[j]))
 		// the entry at j may move to pos unless its home lies cyclically

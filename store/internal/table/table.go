@@ -82,7 +82,8 @@ type Entry struct {
 func Size(blob store.Encoded) int64 { return int64(len(blob) + overhead) }
 
 // New returns an empty table of at most maxEntries entries (and never more
-// than MaxEntries) and maxBytes bytes, whose sweeper drops expired entries until Destruct.
+// than MaxEntries) and maxBytes bytes, whose sweeper drops expired entries
+// until Destruct.
 func New(maxEntries int, maxBytes int64) *Table {
 	t := &Table{maxEntries: min(maxEntries, MaxEntries), maxBytes: maxBytes, stop: make(chan struct{})}
 	t.Clear()
@@ -162,13 +163,14 @@ func (t *Table) Insert(k store.Key, blob store.Encoded, expires int64) *Entry {
 		panic("table: inserting an empty blob")
 	}
 	t.grow()
-	pos, found := t.find(&k)
+	h := hash32(&k)
+	pos, found := t.probe(&k, h)
 	if found {
 		panic("table: inserting a key the table holds")
 	}
 	e := t.takeSlot()
 	e.Key, e.Blob, e.Expires = k, blob, expires
-	t.index[pos] = pack(hash32(&k), e.slot)
+	t.index[pos] = pack(h, e.slot)
 	t.n++
 	t.count(e)
 	return e
