@@ -225,11 +225,13 @@ type Handler struct {
 	// emptyScopeSeen is set once a scope expanded empty, which is logged
 	// once per handler (scope.go).
 	emptyScopeSeen *atomic.Bool
-	payload        payload
-	problems       problems
-	metrics        *metrics // nil when disabled
-	keys           *keyring // nil without encryption_keys
-	leases         *leases
+	// scopeVariable is Scope's variable when Scope is one placeholder.
+	scopeVariable string
+	payload       payload
+	problems      problems
+	metrics       *metrics // nil when disabled
+	keys          *keyring // nil without encryption_keys
+	leases        *leases
 }
 
 // CaddyModule returns the Caddy module information.
@@ -249,6 +251,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.setDefaults()
 	h.emptyScopeSeen = new(atomic.Bool)
+	h.scopeVariable = soleVariable(h.Scope)
 	h.problems = newProblems(h.KeyHeader, h.MaxRequestBody)
 	h.payload = newPayload(h.Fingerprint, h.FingerprintIgnore, h.FingerprintHeaders)
 

@@ -2,6 +2,7 @@ package idempotency
 
 import (
 	"net/http"
+	"strings"
 
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
@@ -14,7 +15,11 @@ import (
 // shared by every such caller (the default behind forward_auth, which
 // sets no {http.auth.user.id}), so the first one is logged.
 func (h *Handler) scopeOf(repl *caddy.Replacer) (scope string, ok bool) {
-	scope = repl.ReplaceAll(h.Scope, "")
+	if h.scopeVariable != "" {
+		scope, _ = repl.GetString(h.scopeVariable)
+	} else {
+		scope = repl.ReplaceAll(h.Scope, "")
+	}
 	if scope != "" || h.RequireScope {
 		return scope, scope != ""
 	}
@@ -23,6 +28,22 @@ func (h *Handler) scopeOf(repl *caddy.Replacer) (scope string, ok bool) {
 			zap.String("scope", h.Scope))
 	}
 	return "", true
+}
+
+// soleVariable returns the variable of a template that is one placeholder
+// and nothing else, such as the default scope, {http.auth.user.id}: its
+// expansion is the variable's value, which Get reads without ReplaceAll's
+// scan and string builder. Templates with escapes, nesting or anything
+// around the placeholder give "".
+func soleVariable(template string) string {
+	if len(template) < 3 || template[0] != '{' || template[len(template)-1] != '}' {
+		return ""
+	}
+	name := template[1 : len(template)-1]
+	if strings.ContainsAny(name, "{}\\") {
+		return ""
+	}
+	return name
 }
 
 // dropForwardedKey removes a client's copy of the forward_key header from
