@@ -475,9 +475,9 @@ func benchCmd(args []string) error {
 				}
 			}
 			for round := 0; round < *rounds; round++ {
+				order := roundOrder(len(rl), round)
 				for pos := range rl {
-					// rotate the order each round: ABCD, BCDA, CDAB, ...
-					route := rl[(pos+round)%len(rl)]
+					route := rl[order[pos]]
 					before := map[string]int64{}
 					after := map[string]int64{}
 					var oursBefore, oursAfter, busyBefore, busyAfter int64

@@ -226,8 +226,10 @@ func main() {
 	if *settings != "" {
 		w("Settings: %s\n\n", *settings)
 	}
-	w("How to read it: every cell is the **median over rounds**; in each round every route runs once, in an\n")
-	w("order rotated from round to round (ABCD, BCDA, ...). Ratios (×base, ×cas, ×proxy) are the **median of the\n")
+	w("How to read it: every cell is the **median over rounds**; in each round every route runs once, in the\n")
+	w("order of a row of a Williams design (over as many rounds as routes, twice that for an odd number, every\n")
+	w("route runs once in each position and follows every other route equally often, so that what one run leaves\n")
+	w("behind does not always fall on the same next route). Ratios (×base, ×cas, ×proxy) are the **median of the\n")
 	w("per-round ratios** (each route against the baseline, baseline_cas or proxy run of the same round), so they\n")
 	w("need not equal the quotient of the medians shown. Two floors: `baseline` completes with a plain `SET`, which\n")
 	w("checks no ownership, so it is cheaper than any correct handler can be; `baseline_cas` completes with the\n")
