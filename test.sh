@@ -57,3 +57,7 @@ if ! wait "$building"; then
 	exit 1
 fi
 CADDY_BIN_OLDEST="$bin/caddy" go test -race -count=1 -timeout 20m ./...
+
+# The benchmark harness is a module of its own: the tests of its load
+# generator (the order of its rounds) and of its report run here too.
+(cd bench && go vet ./... && go test -count=1 ./...)
