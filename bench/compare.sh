@@ -3,7 +3,7 @@
 # processes side by side (issue 5): builds Caddy from each revision (with the
 # same baseline handler from this tree), runs both at once against one
 # private redis-server and one upstream, and drives the same routes of each
-# in rounds whose order rotates, so that both builds see the same machine.
+# in rounds of changing order, so that both builds see the same machine.
 # Prints medians and paired per-round ratios (new/old of each route, and
 # redis/baseline_cas within each build).
 #
@@ -130,6 +130,15 @@ for b in old new; do
 done
 
 ticks() { awk '{print $14+$15}' "/proc/$1/stat"; } # utime+stime
+# williams n round i: the run at position i of a round, in the order of
+# bench/loadgen's roundOrder (a Williams design), so that every run
+# follows every other equally often rather than always the same one.
+williams() {
+	local n=$1 r=$2 i=$3 v
+	if ((n % 2 == 1 && (r / n) % 2 == 1)); then i=$((n - 1 - i)); fi
+	if ((i == 0)); then v=0; elif ((i % 2 == 1)); then v=$(((i + 1) / 2)); else v=$((n - i / 2)); fi
+	echo $(((v + r) % n))
+}
 hz=$(getconf CLK_TCK)
 runs=()
 for m in $MODES; do for r in $ROUTES; do for b in old new; do runs+=("$m $r $b"); done; done; done
@@ -138,7 +147,7 @@ n=${#runs[@]}
 for ((round = 0; round < ROUNDS; round++)); do
 	echo "compare: round $((round + 1)) of $ROUNDS" >&2
 	for ((i = 0; i < n; i++)); do
-		read -r m r b <<<"${runs[$(((i + round) % n))]}"
+		read -r m r b <<<"${runs[$(williams "$n" "$round" "$i")]}"
 		url="http://127.0.0.1:${port[$b]}/$r/orders"
 		"$L" run -url "$url" -mode "$m" -conc "$CONC" -warmup 300ms -duration 300ms >/dev/null
 		c0=$(ticks "${pid[$b]}") s0=$(ticks "$redis_pid")
