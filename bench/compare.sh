@@ -130,15 +130,6 @@ for b in old new; do
 done
 
 ticks() { awk '{print $14+$15}' "/proc/$1/stat"; } # utime+stime
-# williams n round i: the run at position i of a round, in the order of
-# bench/loadgen's roundOrder (a Williams design), so that every run
-# follows every other equally often rather than always the same one.
-williams() {
-	local n=$1 r=$2 i=$3 v
-	if ((n % 2 == 1 && (r / n) % 2 == 1)); then i=$((n - 1 - i)); fi
-	if ((i == 0)); then v=0; elif ((i % 2 == 1)); then v=$(((i + 1) / 2)); else v=$((n - i / 2)); fi
-	echo $(((v + r) % n))
-}
 hz=$(getconf CLK_TCK)
 runs=()
 for m in $MODES; do for r in $ROUTES; do for b in old new; do runs+=("$m $r $b"); done; done; done
@@ -146,8 +137,10 @@ n=${#runs[@]}
 : >"$out/results.txt"
 for ((round = 0; round < ROUNDS; round++)); do
 	echo "compare: round $((round + 1)) of $ROUNDS" >&2
+	# the harness's order (a Williams design): every run follows every other equally often
+	read -r -a order <<<"$("$L" order -n "$n" -round "$round")"
 	for ((i = 0; i < n; i++)); do
-		read -r m r b <<<"${runs[$(williams "$n" "$round" "$i")]}"
+		read -r m r b <<<"${runs[${order[i]}]}"
 		url="http://127.0.0.1:${port[$b]}/$r/orders"
 		"$L" run -url "$url" -mode "$m" -conc "$CONC" -warmup 300ms -duration 300ms >/dev/null
 		c0=$(ticks "${pid[$b]}") s0=$(ticks "$redis_pid")

@@ -35,7 +35,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: loadgen bench|run|mem|freeport [flags]")
+		fmt.Fprintln(os.Stderr, "usage: loadgen bench|run|mem|order|freeport [flags]")
 		os.Exit(2)
 	}
 	var err error
@@ -46,6 +46,8 @@ func main() {
 		err = runCmd(os.Args[2:])
 	case "mem":
 		err = memCmd(os.Args[2:])
+	case "order":
+		err = orderCmd(os.Args[2:])
 	case "freeport":
 		err = freePortCmd()
 	default:

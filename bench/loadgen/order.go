@@ -1,5 +1,11 @@
 package main
 
+import (
+	"flag"
+	"fmt"
+	"strings"
+)
+
 // roundOrder is the order in which round r runs n routes: row r of a
 // Williams design. A plain rotation (ABCD, BCDA, ...) keeps every route
 // behind the same neighbour in every round, so whatever one route leaves
@@ -30,4 +36,18 @@ func roundOrder(n, r int) []int {
 		}
 	}
 	return order
+}
+
+// orderCmd prints roundOrder(n, round), space-separated, for
+// bench/compare.sh, so that its rounds follow the same design.
+func orderCmd(args []string) error {
+	fs := flag.NewFlagSet("order", flag.ExitOnError)
+	n := fs.Int("n", 0, "number of runs in a round")
+	round := fs.Int("round", 0, "round, from 0")
+	_ = fs.Parse(args)
+	if *n < 1 || *round < 0 {
+		return fmt.Errorf("order: -n must be at least 1 and -round not negative")
+	}
+	fmt.Println(strings.Trim(fmt.Sprint(roundOrder(*n, *round)), "[]"))
+	return nil
 }
