@@ -3,7 +3,6 @@ package redis
 import (
 	"context"
 
-	goredis "github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
 	"github.com/caddy-idempotency/caddy-idempotency/store"
@@ -21,18 +20,17 @@ import (
 // nobody waits for costs nothing more. A purge is always announced, for
 // the local tiers.
 
-// notifyScript sets the watched flag ARGV[3] in the flags byte at offset
-// ARGV[2] of KEYS[1] if it is an in-progress claim (whose head is ARGV[1]),
-// in place, so that its expiry is kept; it answers 1 if the claim was in
-// progress, 0 if not. The check and the flag are one step, so a completion
-// either comes after the flag and sees it, or before the check and is seen
-// by it.
-var notifyScript = goredis.NewScript(`
-local head = redis.call('GETRANGE', KEYS[1], 0, ARGV[2])
-if string.sub(head, 1, #ARGV[1]) ~= ARGV[1] or #head ~= ARGV[2] + 1 then return 0 end
+// notifyScript sets store.FlagWatched in the flags byte of KEYS[1] if it
+// is an in-progress claim (whose head is ARGV[1]), in place, so that its
+// expiry is kept; it answers 1 if the claim was in progress, 0 if not. The
+// check and the flag are one step, so a completion either comes after the
+// flag and sees it, or before the check and is seen by it.
+var notifyScript = codecScript(`
+local head = redis.call('GETRANGE', KEYS[1], 0, {flags_offset})
+if string.sub(head, 1, #ARGV[1]) ~= ARGV[1] or #head ~= {flags_offset} + 1 then return 0 end
 local flags = string.byte(head, #head)
-if bit.band(flags, tonumber(ARGV[3])) == 0 then
-	redis.call('SETRANGE', KEYS[1], ARGV[2], string.char(bit.bor(flags, tonumber(ARGV[3]))))
+if bit.band(flags, {watched}) == 0 then
+	redis.call('SETRANGE', KEYS[1], {flags_offset}, string.char(bit.bor(flags, {watched})))
 end
 return 1
 `)
@@ -48,7 +46,7 @@ func (s *Store) Notify(ctx context.Context, key store.Key) (bool, error) {
 	}
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	n, err := notifyScript.Run(ctx, s.calls, []string{s.key(key)}, inProgressHead, store.FlagsOffset, store.FlagWatched).Int64()
+	n, err := notifyScript.Run(ctx, s.calls, []string{s.key(key)}, inProgressHead).Int64()
 	if err != nil {
 		return false, store.Unavailable("watching", err)
 	}

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -14,42 +16,60 @@ import (
 
 // The scripts check "in progress and owned by this token" with one compare
 // of a GETRANGE, whatever the size of the record: ARGV[1] is the claim's
-// owner prefix (store.AppendOwner), and its length is how much of the
-// record they compare. They answer 0 when the token does not own the claim.
+// owner prefix (store.AppendOwner), and they compare that much of the
+// record. They answer 0 when the token does not own the claim.
 //
 // The completion and release scripts read the head up to the flags byte
-// (ARGV[2], store.FlagsOffset) and answer 2 rather than 1 if the claim
-// carries store.FlagWatched (ARGV[3]), which a waiter set (notifyScript):
-// only then is the end announced. Every script touches the one key of its
-// record: a second key, even in the same slot, would make the scripts
-// fail with TRYAGAIN while a Cluster migrates the slot.
+// and answer 2 rather than 1 if the claim carries store.FlagWatched, which
+// a waiter set (notifyScript): only then is the end announced. Every script
+// touches the one key of its record: a second key, even in the same slot,
+// would make the scripts fail with TRYAGAIN while a Cluster migrates the
+// slot.
 //
-// complete swaps an owned claim for the completed record ARGV[4], which
+// The record layout's offsets are written into the scripts' text
+// (codecScript) rather than passed as arguments: an argument is a string
+// that Redis copies into Lua and the script converts back to a number, on
+// every call. Measured with redis-benchmark, the completion costs Redis
+// 6% less that way (14.8 µs against 15.8 µs a call, unloaded).
+//
+// complete swaps an owned claim for the completed record ARGV[2], which
 // the handler encodes whole (the claim's binding included), so the script
-// only compares the owner prefix and SETs. When go-redis resends the script
-// because the first reply was late, the second run finds the record's own
-// prefix (state completed, same token) and must report success rather than
-// a lost claim: it answers 3, since what it was given is not what the
-// first run stored, should the caller have changed it.
-var completeScript = goredis.NewScript(`
-local head = redis.call('GETRANGE', KEYS[1], 0, ARGV[2])
-local owner = string.sub(head, 1, #ARGV[1])
+// only compares the owner prefix and SETs, for ARGV[3] ms. When go-redis
+// resends the script because the first reply was late, the second run
+// finds the record's own prefix (state completed, same token) and must
+// report success rather than a lost claim: it answers 3, since what it was
+// given is not what the first run stored, should the caller have changed
+// it.
+var completeScript = codecScript(`
+local head = redis.call('GETRANGE', KEYS[1], 0, {flags_offset})
+local owner = string.sub(head, 1, {owner_len})
 if owner == ARGV[1] then
-	redis.call('SET', KEYS[1], ARGV[4], 'PX', ARGV[5])
-	if bit.band(string.byte(head, ARGV[2] + 1) or 0, tonumber(ARGV[3])) ~= 0 then return 2 end
+	redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+	if bit.band(string.byte(head, {flags_offset} + 1) or 0, {watched}) ~= 0 then return 2 end
 	return 1
 end
-if owner == string.sub(ARGV[4], 1, #ARGV[1]) then return 3 end
+if owner == string.sub(ARGV[2], 1, {owner_len}) then return 3 end
 return 0
 `)
 
-var releaseScript = goredis.NewScript(`
-local head = redis.call('GETRANGE', KEYS[1], 0, ARGV[2])
-if string.sub(head, 1, #ARGV[1]) ~= ARGV[1] then return 0 end
+var releaseScript = codecScript(`
+local head = redis.call('GETRANGE', KEYS[1], 0, {flags_offset})
+if string.sub(head, 1, {owner_len}) ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
-if bit.band(string.byte(head, ARGV[2] + 1) or 0, tonumber(ARGV[3])) ~= 0 then return 2 end
+if bit.band(string.byte(head, {flags_offset} + 1) or 0, {watched}) ~= 0 then return 2 end
 return 1
 `)
+
+// codecScript is a script whose {owner_len}, {flags_offset} and {watched}
+// stand for the record layout's store.OwnerLen, store.FlagsOffset and
+// store.FlagWatched.
+func codecScript(src string) *goredis.Script {
+	return goredis.NewScript(strings.NewReplacer(
+		"{owner_len}", strconv.Itoa(store.OwnerLen),
+		"{flags_offset}", strconv.Itoa(store.FlagsOffset),
+		"{watched}", strconv.Itoa(store.FlagWatched),
+	).Replace(src))
+}
 
 // The answers of the completion and release scripts that say more than
 // success (1) or ErrNotOwner (0).
@@ -198,7 +218,7 @@ func (s *Store) Complete(ctx context.Context, key store.Key, c *store.Claim, rec
 		*buf = store.AppendCompleted((*buf)[:0], c, &done)
 		blob = *buf
 	}
-	keys, args := []string{s.key(key)}, []any{owner(c.Token), store.FlagsOffset, store.FlagWatched, blob, millis(ttl)}
+	keys, args := []string{s.key(key)}, []any{owner(c.Token), blob, millis(ttl)}
 	var n int64
 	var err error
 	if s.replicas != nil {
@@ -247,7 +267,7 @@ func (s *Store) completeReplicated(ctx context.Context, keys []string, args []an
 		s.replicas.retry(resend{
 			key:      keys[0],
 			owner:    args[0].([]byte),
-			record:   bytes.Clone(args[3].([]byte)),
+			record:   bytes.Clone(args[1].([]byte)),
 			expires:  expires,
 			deadline: now().Add(lease),
 		})
@@ -259,7 +279,7 @@ func (s *Store) completeReplicated(ctx context.Context, keys []string, args []an
 func (s *Store) Release(ctx context.Context, key store.Key, token store.Token) error {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	n, err := s.owned(releaseScript.Run(ctx, s.calls, []string{s.key(key)}, owner(token), store.FlagsOffset, store.FlagWatched), "releasing")
+	n, err := s.owned(releaseScript.Run(ctx, s.calls, []string{s.key(key)}, owner(token)), "releasing")
 	if n == endedWatched {
 		_ = s.announce(ctx, store.EventEnded, key)
 	}
