@@ -14,9 +14,11 @@ import (
 // arrive while one is on the wire queue up, and when it ends the first of
 // them sends the whole queue as one pipeline: one write, one read, one
 // wake-up of Redis for all of them (a Cluster's pipeline is split per
-// node and follows MOVED and ASK per command, as go-redis does). So the
-// calls in flight share their round trips while Caddy is busy, and add
-// nothing when it is idle.
+// node and follows MOVED and ASK per command, as go-redis does). A queue
+// that fills a batch does not wait: it goes at once, on another
+// connection, so that a slow round trip does not cap what a node is sent.
+// So the calls in flight share their round trips while Caddy is busy, and
+// add nothing when it is idle.
 //
 // Each call keeps its own reply and its own error: Redis answers the
 // commands of a pipeline one by one, and go-redis gives each command its
@@ -39,11 +41,13 @@ type batcher struct {
 	lanes   sync.Map // *goredis.Client of a master → *lane
 }
 
-// lane is one wire: at most one call or batch on it at a time.
+// lane is the calls for one node: at most one call or batch on the wire
+// while the queue waits, and one more for every batch that filled up.
 type lane struct {
 	mu     sync.Mutex
-	onWire bool // a call or a batch is being sent and read
+	onWire int // calls or batches being sent and read
 	queue  []*queued
+	queued int // the queue's size, about, in bytes of arguments
 }
 
 func newBatcher(client goredis.UniversalClient) *batcher {
@@ -134,8 +138,8 @@ func (b *batcher) Process(ctx context.Context, cmd goredis.Cmder) error {
 	}
 	l := b.lane(ctx, cmd)
 	l.mu.Lock()
-	if !l.onWire {
-		l.onWire = true
+	if l.onWire == 0 {
+		l.onWire = 1
 		l.mu.Unlock()
 		// Deferred, so that a panic in a hook cannot leave the lane taken.
 		defer l.handOver()
@@ -144,6 +148,15 @@ func (b *batcher) Process(ctx context.Context, cmd goredis.Cmder) error {
 	q := queuedPool.Get().(*queued)
 	q.ctx, q.cmd, q.size = ctx, cmd, argBytes(cmd)
 	l.queue = append(l.queue, q)
+	l.queued += q.size
+	if len(l.queue) >= maxBatchCalls || l.queued >= maxBatchBytes {
+		// A full batch would gain nothing by waiting for the wire: it
+		// goes now, on a wire of its own. Without this, one wire caps
+		// a node at maxBatchCalls calls a round trip: measured over a
+		// 2.8 ms round trip, 32 clients ran 14% slower than unpipelined.
+		l.onWire++
+		l.sendFirst()
+	}
 	l.mu.Unlock()
 	var batch []*queued
 	select {
@@ -173,27 +186,34 @@ func (l *lane) withdraw(q *queued) bool {
 		return false
 	}
 	l.queue = slices.Delete(l.queue, i, i+1)
+	l.queued -= q.size
 	return true
 }
 
 // handOver gives the wire to the first queued call, with the queue (up to
-// maxBatchCalls and maxBatchBytes) as its batch, or marks it free.
+// maxBatchCalls and maxBatchBytes) as its batch, or frees it.
 func (l *lane) handOver() {
 	l.mu.Lock()
-	queue := l.queue
-	if len(queue) == 0 {
-		l.onWire = false
-		l.mu.Unlock()
-		return
+	if len(l.queue) == 0 {
+		l.onWire--
+	} else {
+		l.sendFirst()
 	}
+	l.mu.Unlock()
+}
+
+// sendFirst takes the first batch off the queue (up to maxBatchCalls and
+// maxBatchBytes) and gives it to its first call to send. l.mu is held.
+func (l *lane) sendFirst() {
+	queue := l.queue
 	n, size := 1, queue[0].size
 	for n < len(queue) && n < maxBatchCalls && size+queue[n].size <= maxBatchBytes {
 		size += queue[n].size
 		n++
 	}
 	l.queue = append(make([]*queued, 0, cap(queue)), queue[n:]...)
-	l.mu.Unlock()
-	queue[0].done <- queue[:n]
+	l.queued -= size
+	queue[0].done <- queue[:n] // buffered: never blocks
 }
 
 // send runs batch as one pipeline, wakes its calls and hands the wire on.

@@ -486,3 +486,44 @@ func TestPipelinedBatchesAreBounded(t *testing.T) {
 		t.Errorf("the longest batch of %d new keys had %d, want maxBatchCalls, %d", len(checks), n, maxBatchCalls)
 	}
 }
+
+// overlapHook counts the store's pipelines on the wire at once, and the
+// most; a new connection's handshake is not one.
+type overlapHook struct{ now, most atomic.Int64 }
+
+func (h *overlapHook) DialHook(next goredis.DialHook) goredis.DialHook          { return next }
+func (h *overlapHook) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook { return next }
+
+func (h *overlapHook) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []goredis.Cmder) error {
+		if handshake(cmds[0]) {
+			return next(ctx, cmds)
+		}
+		n := h.now.Add(1)
+		for m := h.most.Load(); n > m && !h.most.CompareAndSwap(m, n); m = h.most.Load() {
+		}
+		defer h.now.Add(-1)
+		return next(ctx, cmds)
+	}
+}
+
+// A queue that fills a batch goes at once, on a connection of its own,
+// instead of waiting for the call on the wire: one wire would cap a node
+// at maxBatchCalls calls a round trip, however many callers wait.
+func TestPipelinedFullBatchesDoNotWait(t *testing.T) {
+	srv := testredis.Start(t)
+	p := faultproxy.Start(t, srv.Addr())
+	s := storetest.Provision(t, &Store{Addresses: []string{p.Addr()}, KeyPrefix: "full"})
+	hook := &overlapHook{}
+	s.client.AddHook(hook)
+	var checks []check
+	for i := range 3 * maxBatchCalls {
+		checks = append(checks, check{fmt.Sprint("new key ", i), wantClaim(s, storetest.NewKey())})
+	}
+	p.SetLatency(25 * time.Millisecond)
+	burst(t, func() { _ = wantClaim(s, storetest.NewKey())(context.Background()) }, checks)
+	t.Logf("%d calls behind one on the wire: %d batches on the wire at once", len(checks), hook.most.Load())
+	if n := hook.most.Load(); n < 2 {
+		t.Errorf("%d calls queued behind one on the wire went %d batch at a time, want their full batches at once", len(checks), n)
+	}
+}
