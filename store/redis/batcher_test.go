@@ -458,11 +458,8 @@ func TestPipelinedPanicFreesTheLane(t *testing.T) {
 // burst of many calls in batches of maxBatchCalls, so that their replies,
 // which may be whole records, are read within read_timeout.
 func TestPipelinedBatchesAreBounded(t *testing.T) {
-	srv := testredis.Start(t)
-	p := faultproxy.Start(t, srv.Addr())
-	s := storetest.Provision(t, &Store{Addresses: []string{p.Addr()}, KeyPrefix: "bounded"})
 	hook := &tripHook{}
-	s.client.AddHook(hook)
+	s, p := proxiedStore(t, "bounded", hook)
 	body := strings.Repeat("x", 100<<10)
 	var checks []check
 	for i := range 8 {
@@ -511,11 +508,8 @@ func (h *overlapHook) ProcessPipelineHook(next goredis.ProcessPipelineHook) gore
 // instead of waiting for the call on the wire: one wire would cap a node
 // at maxBatchCalls calls a round trip, however many callers wait.
 func TestPipelinedFullBatchesDoNotWait(t *testing.T) {
-	srv := testredis.Start(t)
-	p := faultproxy.Start(t, srv.Addr())
-	s := storetest.Provision(t, &Store{Addresses: []string{p.Addr()}, KeyPrefix: "full"})
 	hook := &overlapHook{}
-	s.client.AddHook(hook)
+	s, p := proxiedStore(t, "full", hook)
 	var checks []check
 	for i := range 3 * maxBatchCalls {
 		checks = append(checks, check{fmt.Sprint("new key ", i), wantClaim(s, storetest.NewKey())})
@@ -526,4 +520,14 @@ func TestPipelinedFullBatchesDoNotWait(t *testing.T) {
 	if n := hook.most.Load(); n < 2 {
 		t.Errorf("%d calls queued behind one on the wire went %d batch at a time, want their full batches at once", len(checks), n)
 	}
+}
+
+// proxiedStore is a store on a private Redis behind a fault proxy, with
+// hook on its client.
+func proxiedStore(t *testing.T, prefix string, hook goredis.Hook) (*Store, *faultproxy.Proxy) {
+	srv := testredis.Start(t)
+	p := faultproxy.Start(t, srv.Addr())
+	s := storetest.Provision(t, &Store{Addresses: []string{p.Addr()}, KeyPrefix: prefix})
+	s.client.AddHook(hook)
+	return s, p
 }
