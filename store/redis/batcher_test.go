@@ -54,10 +54,15 @@ func (h *tripHook) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis
 			h.sent.Add(n)
 			h.trips.Add(1)
 			h.pipelined.Add(n)
-			for l := h.longest.Load(); n > l && !h.longest.CompareAndSwap(l, n); l = h.longest.Load() {
-			}
+			raise(&h.longest, n)
 		}
 		return next(ctx, cmds)
+	}
+}
+
+// raise sets a to n if n is larger.
+func raise(a *atomic.Int64, n int64) {
+	for m := a.Load(); n > m && !a.CompareAndSwap(m, n); m = a.Load() {
 	}
 }
 
@@ -496,9 +501,7 @@ func (h *overlapHook) ProcessPipelineHook(next goredis.ProcessPipelineHook) gore
 		if handshake(cmds[0]) {
 			return next(ctx, cmds)
 		}
-		n := h.now.Add(1)
-		for m := h.most.Load(); n > m && !h.most.CompareAndSwap(m, n); m = h.most.Load() {
-		}
+		raise(&h.most, h.now.Add(1))
 		defer h.now.Add(-1)
 		return next(ctx, cmds)
 	}
