@@ -159,7 +159,9 @@ func (a *adminAPI) serveKey(ctx context.Context, w http.ResponseWriter, r *http.
 	if rec == nil {
 		return apiError(http.StatusNotFound, "no record for key %s in store %s", key, name)
 	}
-	info := describe(key, store.Summarize(rec), expires, time.Now())
+	summary := store.Summarize(rec)
+	summary.BodySize = bodySize(rec)
+	info := describe(key, summary, expires, time.Now())
 	info.Store = name
 	return writeJSON(w, info)
 }

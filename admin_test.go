@@ -259,8 +259,8 @@ func TestAdminStoreChoice(t *testing.T) {
 	srv := adminServer(t, &adminAPI{stores: func() []store.Registration { return regs }})
 	k := store.NewKey("", "k1")
 	path := "/idempotency/keys/" + k.String()
-	if rec, err := a.Acquire(context.Background(), k, &store.Claim{Lease: time.Minute, Endpoint: "POST in/a"}); rec != nil || err != nil {
-		t.Fatal(rec, err)
+	if got, err := a.Acquire(context.Background(), k, &store.Claim{Lease: time.Minute, Endpoint: "POST in/a", CreatedAt: time.Now()}); got.Record != nil || err != nil {
+		t.Fatal(got.Record, err)
 	}
 
 	wantError(t, srv, "GET", path, 404, "no idempotency store is provisioned")

@@ -37,8 +37,7 @@ type App struct {
 	// disable_metrics, store_server_errors) can only be turned on by either.
 	Options
 
-	shared     store.Store
-	sharedName string // the store's name, for metrics labels
+	shared store.Registration
 }
 
 // CaddyModule returns the Caddy module information.
@@ -49,25 +48,26 @@ func (App) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// Provision loads the shared store, if the defaults name one.
+// Provision compiles the defaults' fingerprint_ignore pointers, to report
+// a bad one, and loads the shared store, if the defaults name one.
 func (a *App) Provision(ctx caddy.Context) error {
+	if _, err := newPayload(a.Fingerprint, a.FingerprintIgnore, nil); err != nil {
+		return fmt.Errorf("idempotency defaults: %w", err)
+	}
 	if a.StoreRaw == nil {
 		return nil
 	}
 	var err error
-	if a.shared, a.sharedName, err = loadStore(ctx, a, "the shared idempotency store"); err != nil {
+	if a.shared, err = loadStore(ctx, a, "the shared idempotency store"); err != nil {
 		return err
 	}
 	a.StoreRaw = nil // loaded once, here; handlers use a.shared
 	return nil
 }
 
-// Validate checks the defaults as a handler would see them.
+// Validate checks the defaults that are set.
 func (a *App) Validate() error {
-	h := Handler{Options: a.Options}
-	h.Methods = append([]string(nil), a.Methods...)
-	h.setDefaults()
-	if err := h.Validate(); err != nil {
+	if err := a.check(); err != nil {
 		return fmt.Errorf("idempotency defaults: %w", err)
 	}
 	return nil
@@ -82,10 +82,7 @@ func (*App) Stop() error { return nil }
 // UnmarshalCaddyfile reads the global option's block, which holds the
 // directive's options.
 func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	var h Handler
-	err := h.UnmarshalCaddyfile(d)
-	a.Options = h.Options
-	return err
+	return a.Options.unmarshalCaddyfile(d)
 }
 
 func parseGlobalOption(d *caddyfile.Dispenser, _ any) (any, error) {
@@ -109,72 +106,92 @@ func expandShorthands(template string) string {
 	return seg[0].Text
 }
 
-// inherit fills the options this handler leaves unset from the config's
-// idempotency app, if there is one. When the handler sets no store of its
-// own, it returns the app's shared store, if any, with its name.
-func (h *Handler) inherit(ctx caddy.Context) (shared store.Store, name string, err error) {
+// configuredApp returns the config's idempotency app, nil if it has none.
+func configuredApp(ctx caddy.Context) (*App, error) {
 	val, err := ctx.AppIfConfigured("idempotency")
 	if errors.Is(err, caddy.ErrNotConfigured) {
-		return nil, "", nil
+		return nil, nil
 	}
 	if err != nil {
-		return nil, "", err
+		return nil, err
 	}
-	app := val.(*App)
-	d := &app.Options
+	return val.(*App), nil
+}
+
+// inherit fills the options that o leaves unset from d, the app's
+// defaults.
+func (o *Options) inherit(d *Options) {
 	pick := func(own *string, def string) {
 		if *own == "" {
 			*own = def
 		}
 	}
-	pick(&h.KeyHeader, d.KeyHeader)
-	pick(&h.Scope, d.Scope)
-	pick(&h.ForwardKey, d.ForwardKey)
-	pick(&h.Endpoint, d.Endpoint)
-	pick(&h.OnStoreError, d.OnStoreError)
-	pick(&h.ReplayHeader, d.ReplayHeader)
-	pick(&h.OnUnknownOutcome, d.OnUnknownOutcome)
-	if h.OnConflict == "" {
-		h.OnConflict, h.MaxWait = d.OnConflict, d.MaxWait
+	pick(&o.KeyHeader, d.KeyHeader)
+	pick(&o.Scope, d.Scope)
+	pick(&o.ForwardKey, d.ForwardKey)
+	pick(&o.Endpoint, d.Endpoint)
+	pick(&o.OnStoreError, d.OnStoreError)
+	pick(&o.ReplayHeader, d.ReplayHeader)
+	pick(&o.OnUnknownOutcome, d.OnUnknownOutcome)
+	if o.OnConflict == "" {
+		o.OnConflict, o.MaxWait = d.OnConflict, d.MaxWait
 	}
-	if len(h.Methods) == 0 {
-		h.Methods = append([]string(nil), d.Methods...)
+	if len(o.Methods) == 0 {
+		o.Methods = append([]string(nil), d.Methods...)
 	}
-	pick(&h.Fingerprint, d.Fingerprint)
-	if len(h.FingerprintIgnore) == 0 && h.Fingerprint == fingerprintJSON && d.Fingerprint == fingerprintJSON {
+	pick(&o.Fingerprint, d.Fingerprint)
+	if len(o.FingerprintIgnore) == 0 && o.Fingerprint == fingerprintJSON && d.Fingerprint == fingerprintJSON {
 		// the pointers go with the mode: a route with a mode of its own
 		// does not take the defaults' pointers for another
-		h.FingerprintIgnore = append([]string(nil), d.FingerprintIgnore...)
+		o.FingerprintIgnore = append([]string(nil), d.FingerprintIgnore...)
 	}
-	if len(h.ReleaseStatuses) == 0 {
-		h.ReleaseStatuses = append([]int(nil), d.ReleaseStatuses...)
+	if len(o.ReleaseStatuses) == 0 {
+		o.ReleaseStatuses = append([]int(nil), d.ReleaseStatuses...)
 	}
-	if len(h.FingerprintHeaders) == 0 {
-		h.FingerprintHeaders = append([]string(nil), d.FingerprintHeaders...)
+	if len(o.FingerprintHeaders) == 0 {
+		o.FingerprintHeaders = append([]string(nil), d.FingerprintHeaders...)
 	}
-	if len(h.EncryptionKeys) == 0 {
-		h.EncryptionKeys = append([]string(nil), d.EncryptionKeys...)
+	if len(o.EncryptionKeys) == 0 {
+		o.EncryptionKeys = append([]string(nil), d.EncryptionKeys...)
 	}
-	if h.TTL == 0 {
-		h.TTL = d.TTL
+	if o.TTL == 0 {
+		o.TTL = d.TTL
 	}
-	if h.LockTimeout == 0 {
-		h.LockTimeout = d.LockTimeout
+	if o.LockTimeout == 0 {
+		o.LockTimeout = d.LockTimeout
 	}
-	if h.MaxRequestBody == 0 {
-		h.MaxRequestBody = d.MaxRequestBody
+	if o.MaxRequestBody == 0 {
+		o.MaxRequestBody = d.MaxRequestBody
 	}
-	if h.MaxResponseBody == 0 {
-		h.MaxResponseBody = d.MaxResponseBody
+	if o.MaxResponseBody == 0 {
+		o.MaxResponseBody = d.MaxResponseBody
 	}
-	h.Required = h.Required || d.Required
-	h.RequireScope = h.RequireScope || d.RequireScope
-	h.DisableMetrics = h.DisableMetrics || d.DisableMetrics
-	h.StoreServerErrors = h.StoreServerErrors || d.StoreServerErrors
-	if h.StoreRaw == nil && app.shared != nil {
-		return app.shared, app.sharedName, nil
+	o.Required = o.Required || d.Required
+	o.RequireScope = o.RequireScope || d.RequireScope
+	o.DisableMetrics = o.DisableMetrics || d.DisableMetrics
+	o.StoreServerErrors = o.StoreServerErrors || d.StoreServerErrors
+}
+
+// loadStore loads the store module that the StoreRaw field of holder (a
+// *Handler or an *App) configures, with the name it is registered under
+// (its module's name if it does not register), which labels its metrics
+// and spans. what names the store in errors.
+func loadStore(ctx caddy.Context, holder any, what string) (store.Registration, error) {
+	mod, err := ctx.LoadModule(holder, "StoreRaw")
+	if err != nil {
+		return store.Registration{}, fmt.Errorf("loading %s: %w", what, err)
 	}
-	return nil, "", nil
+	s, ok := mod.(store.Store)
+	if !ok {
+		// a JSON config can name any module; a Caddyfile's is checked as
+		// it is parsed (unmarshalStore)
+		return store.Registration{}, fmt.Errorf("module %T is not an idempotency store", mod)
+	}
+	if reg, ok := store.RegistrationOf(s); ok {
+		return reg, nil
+	}
+	name := mod.(caddy.Module).CaddyModule().ID.Name()
+	return store.Registration{Name: name, Module: name, Store: s}, nil
 }
 
 // Interface guards

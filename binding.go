@@ -16,14 +16,14 @@ import (
 // different ports, is one endpoint.
 const defaultEndpoint = "{http.request.method} {http.request.host}{http.request.uri.path}"
 
-// endpoint is what a key is bound to besides its payload: the expansion of
-// the endpoint template, computed directly for the default one (no
-// placeholder expansion on the hot path).
-func (h *Handler) endpoint(r *http.Request, repl *caddy.Replacer) string {
-	if h.Endpoint == defaultEndpoint {
+// endpointOf is what a key is bound to besides its payload: the
+// expansion of the endpoint template for r, computed directly for the
+// default one (no placeholder expansion on the hot path).
+func endpointOf(template string, r *http.Request, repl *caddy.Replacer) string {
+	if template == defaultEndpoint {
 		return defaultEndpointOf(r.Method, r.Host, r.URL.Path)
 	}
-	return repl.ReplaceAll(h.Endpoint, "")
+	return repl.ReplaceAll(template, "")
 }
 
 func defaultEndpointOf(method, hostport, path string) string {

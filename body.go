@@ -10,15 +10,12 @@ import (
 
 // readBody buffers the request body so that it can be fingerprinted, and
 // puts back an identical body for the next handler. It refuses to read more
-// than MaxRequestBody. The buffer grows as bytes arrive, never to the
+// than limit bytes. The buffer grows as bytes arrive, never to the
 // declared Content-Length at once: a client that declares a megabyte and
 // sends a kilobyte holds a kilobyte. The caller releases the body when it
 // is done with it.
-func (h *Handler) readBody(r *http.Request) (body *bufferedBody, tooLarge bool, err error) {
-	if h.payload.mode == modeNone {
-		return nil, false, nil // the body is not fingerprinted: it streams on unread
-	}
-	if r.ContentLength > h.MaxRequestBody {
+func readBody(r *http.Request, limit int64) (body *bufferedBody, tooLarge bool, err error) {
+	if r.ContentLength > limit {
 		return nil, true, nil
 	}
 	if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 {
@@ -26,16 +23,15 @@ func (h *Handler) readBody(r *http.Request) (body *bufferedBody, tooLarge bool, 
 	}
 	buf := bodyBuffers.Get().(*bodyBuffer)
 	body = &bufferedBody{bodyBuffer: buf}
-	err = buf.readFrom(r.Body, r.ContentLength, h.MaxRequestBody+1)
+	err = buf.readFrom(r.Body, r.ContentLength, limit+1)
 	switch {
 	case err != nil:
 		buf.put()
 		return nil, false, err
-	case int64(len(buf.data)) > h.MaxRequestBody:
+	case int64(len(buf.data)) > limit:
 		buf.put()
 		return nil, true, nil
 	}
-	buf.buf = *bytes.NewBuffer(buf.data)
 	r.Body.Close()
 	body.Reset(buf.data)
 	buf.refs.Store(2) // the handler's, and the next handler's until it closes it
@@ -69,7 +65,6 @@ type bufferedBody struct {
 // the handler's and the next handler's.
 type bodyBuffer struct {
 	data []byte
-	buf  bytes.Buffer // data, for the fingerprint
 	refs atomic.Int32
 }
 
@@ -146,15 +141,15 @@ func (b *bodyBuffer) release() {
 // put returns b to the pool, unless it grew too large to keep.
 func (b *bodyBuffer) put() {
 	if cap(b.data) <= maxPooledBuffer {
-		b.data, b.buf = b.data[:0], bytes.Buffer{}
+		b.data = b.data[:0]
 		bodyBuffers.Put(b)
 	}
 }
 
-// buffer is the body's bytes for the fingerprint; nil without a body.
-func (b *bufferedBody) buffer() *bytes.Buffer {
+// contents are the body's bytes, for the fingerprint; nil without a body.
+func (b *bufferedBody) contents() []byte {
 	if b == nil {
 		return nil
 	}
-	return &b.buf
+	return b.data
 }

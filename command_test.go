@@ -252,8 +252,8 @@ func TestCommandOutput(t *testing.T) {
 
 	// Two claims: the limit is reported.
 	for _, k := range []string{"a", "b"} {
-		if rec, err := mem.Acquire(ctx, store.NewKey("", k), &store.Claim{Lease: time.Minute, Endpoint: "POST h/" + k}); rec != nil || err != nil {
-			t.Fatal(rec, err)
+		if got, err := mem.Acquire(ctx, store.NewKey("", k), &store.Claim{Lease: time.Minute, Endpoint: "POST h/" + k, CreatedAt: time.Now()}); got.Record != nil || err != nil {
+			t.Fatal(got.Record, err)
 		}
 	}
 	out = mustCLI(t, "stuck", admin, "--older-than=0s", "--limit=1")
@@ -271,17 +271,17 @@ func TestCommandOutput(t *testing.T) {
 	// A completed record without expiry cannot be made here; a truncated
 	// one is shown as not replayable.
 	k := store.NewKey("tenant-7", "big")
-	c := &store.Claim{Token: store.Token{1}, Lease: time.Minute, Endpoint: "POST h/big"}
+	c := &store.Claim{Token: store.Token{1}, Lease: time.Minute, Endpoint: "POST h/big", CreatedAt: time.Now()}
 	mem.Acquire(ctx, k, c)
-	mem.Complete(ctx, k, c, &store.Record{Status: 200, Truncated: true}, time.Hour)
+	mem.Complete(ctx, k, c, &store.Response{Status: 200, Truncated: true}, time.Hour)
 	out = mustCLI(t, "inspect", admin, "--scope", "tenant-7", "--key", "big")
 	wantContains(t, out, "replayable  no (its response was over max_response_body")
 
 	// An unknown outcome has no status, body or replay to show.
 	k = store.NewKey("tenant-7", "lost")
-	c = &store.Claim{Token: store.Token{2}, Lease: time.Minute, Endpoint: "POST h/lost"}
+	c = &store.Claim{Token: store.Token{2}, Lease: time.Minute, Endpoint: "POST h/lost", CreatedAt: time.Now()}
 	mem.Acquire(ctx, k, c)
-	mem.Complete(ctx, k, c, &store.Record{OutcomeUnknown: true}, time.Hour)
+	mem.Complete(ctx, k, c, &store.Response{OutcomeUnknown: true}, time.Hour)
 	out = mustCLI(t, "inspect", admin, "--scope", "tenant-7", "lost") // the key as the argument
 	wantContains(t, out, "state     completed", "outcome   unknown: the request was sent upstream and got no answer; retries get 502", "expires   ")
 	for _, row := range []string{"status", "body", "replayable"} {

@@ -155,9 +155,9 @@ func TestJSONReference(t *testing.T) {
 // the code applies, where they can be applied without I/O: the handler's
 // (setDefaults) and the memory store's (Provision).
 func TestJSONReferenceDefaults(t *testing.T) {
-	var h Handler
-	h.setDefaults()
-	checkDefaults(t, "module.go", "Options", &h.Options)
+	var o Options
+	o.setDefaults()
+	checkDefaults(t, "options.go", "Options", &o)
 
 	m := memory.Memory{}
 	if err := m.Provision(caddy.Context{}); err != nil {
@@ -551,7 +551,7 @@ func flattenEmbeds(st *refStruct) (*refStruct, error) {
 		if e.typ != "Options" {
 			return nil, fmt.Errorf("flattening embedded %s is not supported by the generator", e.typ)
 		}
-		os, err := parseConfigStruct("module.go", "Options")
+		os, err := parseConfigStruct("options.go", "Options")
 		if err != nil {
 			return nil, err
 		}
@@ -575,7 +575,7 @@ func crossCheck(m refModule, st *refStruct) error {
 	var parsed []string
 	for _, e := range st.embeds {
 		if e.typ == "Options" {
-			hs, err := parseConfigStruct("module.go", "Options")
+			hs, err := parseConfigStruct("options.go", "Options")
 			if err != nil {
 				return err
 			}

@@ -6,10 +6,10 @@ import (
 )
 
 // The end of a claimed request: what became of it, decided in one place
-// (decideEnding) from what the recorder saw, and carried out by the small
-// effects in finish, release (recovery.go) and keepUnknown (outcome.go).
-// The table "What a failed upstream leaves behind" in docs/guarantees.md
-// is this function in prose; ending_test.go has a row for each of its rows.
+// (decideEnding) from what the recorder saw, and carried out by the
+// attempt's finish (attempt.go). The table "What a failed upstream leaves
+// behind" in docs/guarantees.md is this function in prose; ending_test.go
+// has a row for each of its rows.
 
 // ending is what a claim becomes once its request is done.
 type ending uint8
@@ -20,6 +20,11 @@ const (
 	endRelease                      // nothing was done, or a retry may do it: the retry runs
 	endKeepUnknown                  // it may have run and no answer came: kept until ttl as unknown
 )
+
+// statusClientClosed is the status Caddy's reverse_proxy writes when the
+// request's context ends before the upstream answers: here, when the work
+// was cancelled one lease after its client left.
+const statusClientClosed = 499
 
 // seen is what the handler knows once the request is done.
 type seen struct {

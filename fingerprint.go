@@ -1,12 +1,12 @@
 package idempotency
 
 import (
-	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
 	"hash"
 	"net/http"
 	"net/textproto"
+	"net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -24,8 +24,7 @@ type digest struct {
 
 	// Strings are hashed through buf: io.WriteString would allocate a copy,
 	// the hash not being an io.StringWriter.
-	buf    []byte  // the query, a header value, or decoded query parameters
-	params []param // the query's parameters, as spans of buf
+	buf []byte
 }
 
 var digests = sync.Pool{New: func() any { return &digest{Hash: sha256.New()} }}
@@ -53,21 +52,24 @@ type payload struct {
 	headers []string          // fingerprint_headers, canonical, sorted, each once
 }
 
-// newPayload prepares the fingerprint options. The header names are sorted
-// and deduplicated, so that listing them in another order or case does not
-// change fingerprints. Pointers that do not compile are left out here and
-// reported by Validate, with every other malformed option.
-func newPayload(mode string, ignore, headers []string) payload {
+// newPayload prepares the fingerprint options, compiling the
+// fingerprint_ignore pointers of the json mode. The header names are
+// sorted and deduplicated, so that listing them in another order or case
+// does not change fingerprints.
+func newPayload(mode string, ignore, headers []string) (payload, error) {
 	p := payload{mode: fingerprintModes[mode]}
 	if p.mode == modeJSON && len(ignore) > 0 {
-		p.ignore, _ = canonjson.Compile(ignore)
+		var err error
+		if p.ignore, err = canonjson.Compile(ignore); err != nil {
+			return p, err
+		}
 	}
 	for _, name := range headers {
 		p.headers = append(p.headers, textproto.CanonicalMIMEHeaderKey(name))
 	}
 	slices.Sort(p.headers)
 	p.headers = slices.Compact(p.headers)
-	return p
+	return p, nil
 }
 
 // A fingerprint starts with a word naming its layout, and goes on with
@@ -98,10 +100,9 @@ const (
 	tagRawBody   = 'b' // the body as sent: it is not valid JSON
 )
 
-// fingerprintOf hashes the payload of r, whose body the handler buffered
-// (nil when empty, or in none mode), as the fingerprint option says.
-func (h *Handler) fingerprintOf(r *http.Request, body *bytes.Buffer) store.Fingerprint {
-	p := &h.payload
+// of hashes the payload of r, whose body the handler buffered (nil when
+// empty, or in none mode), as the fingerprint option says.
+func (p *payload) of(r *http.Request, b []byte) store.Fingerprint {
 	d := digests.Get().(*digest)
 	defer d.release()
 	d.Reset()
@@ -114,10 +115,6 @@ func (h *Handler) fingerprintOf(r *http.Request, body *bytes.Buffer) store.Finge
 		d.word(layoutBody)
 	}
 	d.headers(r.Header, p.headers)
-	var b []byte
-	if body != nil {
-		b = body.Bytes()
-	}
 	switch p.mode {
 	case modeJSON:
 		d.query(r.URL.RawQuery)
@@ -140,9 +137,6 @@ const maxScratch = 64 << 10
 func (d *digest) release() {
 	if cap(d.buf) > maxScratch {
 		d.buf = nil
-	}
-	if cap(d.params) > maxScratch/24 {
-		d.params = nil
 	}
 	digests.Put(d)
 }
@@ -192,87 +186,32 @@ func (c *canonicalBody) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// param is a decoded query parameter: its name and value are spans of the
-// digest's buf.
-type param struct{ name, value, end int }
-
 // query writes a query as the set of its parameters, sorted by name; the
 // values of a repeated name keep their order (a=1&a=2 is not a=2&a=1).
 // Empty parameters (a&&b) are skipped, and a parameter without = is one
 // with an empty value, as most frameworks read them. A query with an
 // invalid percent-escape is written as sent.
 func (d *digest) query(q string) {
-	d.buf, d.params = d.buf[:0], d.params[:0]
-	if !d.parseQuery(q) {
-		d.tag(tagRawQuery)
-		d.string(q)
-		return
-	}
-	buf := d.buf
-	slices.SortStableFunc(d.params, func(a, b param) int {
-		return bytes.Compare(buf[a.name:a.value], buf[b.name:b.value])
-	})
-	d.tag(tagParams)
-	d.word(uint64(len(d.params)))
-	for _, p := range d.params {
-		d.field(buf[p.name:p.value])
-		d.field(buf[p.value:p.end])
-	}
-}
-
-func (d *digest) parseQuery(q string) bool {
-	for q != "" {
-		var pair string
-		pair, q, _ = strings.Cut(q, "&")
+	var params [][2]string
+	for pair := range strings.SplitSeq(q, "&") {
 		if pair == "" {
 			continue
 		}
 		name, value, _ := strings.Cut(pair, "=")
-		p := param{name: len(d.buf)}
-		var ok bool
-		if d.buf, ok = unescapeQuery(d.buf, name); !ok {
-			return false
+		name, err1 := url.QueryUnescape(name)
+		value, err2 := url.QueryUnescape(value)
+		if err1 != nil || err2 != nil {
+			d.tag(tagRawQuery)
+			d.string(q)
+			return
 		}
-		p.value = len(d.buf)
-		if d.buf, ok = unescapeQuery(d.buf, value); !ok {
-			return false
-		}
-		p.end = len(d.buf)
-		d.params = append(d.params, p)
+		params = append(params, [2]string{name, value})
 	}
-	return true
-}
-
-// unescapeQuery appends s decoded as a query component (%XX escapes, + for
-// a space) to dst; ok is false for an invalid escape.
-func unescapeQuery(dst []byte, s string) ([]byte, bool) {
-	for i := 0; i < len(s); i++ {
-		switch c := s[i]; c {
-		case '+':
-			dst = append(dst, ' ')
-		case '%':
-			if i+2 >= len(s) || !isHex(s[i+1]) || !isHex(s[i+2]) {
-				return dst, false
-			}
-			dst = append(dst, unhex(s[i+1])<<4|unhex(s[i+2]))
-			i += 2
-		default:
-			dst = append(dst, c)
-		}
+	slices.SortStableFunc(params, func(a, b [2]string) int { return strings.Compare(a[0], b[0]) })
+	d.tag(tagParams)
+	d.word(uint64(len(params)))
+	for _, p := range params {
+		d.string(p[0])
+		d.string(p[1])
 	}
-	return dst, true
-}
-
-func isHex(c byte) bool {
-	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
-}
-
-func unhex(c byte) byte {
-	switch {
-	case c <= '9':
-		return c - '0'
-	case c <= 'F':
-		return c - 'A' + 10
-	}
-	return c - 'a' + 10
 }

@@ -223,7 +223,7 @@ func TestClusterHandlerSlowStore(t *testing.T) {
 	short := provision(t, raw, func(h *Handler) { h.LockTimeout = caddy.Duration(time.Second) })
 	long := provision(t, raw, func(h *Handler) { h.LockTimeout = caddy.Duration(5 * time.Second) })
 	// The expected store errors go to recorders instead of the test output.
-	shortLogs, longLogs := observe(short), observe(long)
+	shortLogs, longLogs := watchLogs(short), watchLogs(long)
 	defer func() {
 		t.Logf("logged: %d entries (lock_timeout 1s), %d (lock_timeout 5s)", shortLogs.Len(), longLogs.Len())
 	}()

@@ -70,7 +70,7 @@ const goneScope = "tenant-1"
 
 func testClientGone(t *testing.T, raw json.RawMessage, heldLeaves bool, hold func(*testing.T, *Handler) func()) {
 	h, name := provisionNamed(t, raw, func(h *Handler) { h.OnStoreError = failOpen; h.Scope = goneScope })
-	logs := observe(h)
+	logs := watchLogs(h)
 	b := &backend{}
 	unhold := hold(t, h)
 	defer unhold()

@@ -18,7 +18,7 @@ type countingStore struct {
 	calls atomic.Int64
 }
 
-func (c *countingStore) Acquire(ctx context.Context, k store.Key, cl *store.Claim) (*store.Record, error) {
+func (c *countingStore) Acquire(ctx context.Context, k store.Key, cl *store.Claim) (store.Acquired, error) {
 	c.calls.Add(1)
 	return c.Store.Acquire(ctx, k, cl)
 }

@@ -150,9 +150,15 @@ func openMemory(t *testing.T) *memory.Memory {
 }
 
 // observe sends the handler's logs to a recorder the test can read.
-func observe(h *Handler) *observer.ObservedLogs {
+func watchLogs(h *Handler) *observer.ObservedLogs {
 	core, logs := observer.New(zap.DebugLevel)
 	h.logger = zap.New(core)
+	if h.scope != nil {
+		h.scope.logger = h.logger
+	}
+	if h.leases != nil {
+		h.leases.logger = h.logger
+	}
 	return logs
 }
 

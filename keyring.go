@@ -3,13 +3,18 @@ package idempotency
 import (
 	"crypto/aes"
 	"crypto/cipher"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
+	"encoding/binary"
 	"encoding/hex"
 	"fmt"
+	"math"
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
+
+	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
 // keyLen is the size of an encryption key: AES-256.
@@ -21,6 +26,7 @@ type sealKey struct {
 	// the SHA-256 of the key, in hex. It tells keys apart without telling
 	// anything of them.
 	id   string
+	raw  [keyIDLen]byte // id, as the sealed records hold it
 	aead cipher.AEAD
 }
 
@@ -54,7 +60,7 @@ func newKeyring(raw []string) (*keyring, error) {
 			return nil, fmt.Errorf("encryption_keys: key %d decodes to %d bytes, want %d (generate one with: openssl rand -base64 32)", n, len(b), keyLen)
 		}
 		sum := sha256.Sum256(b)
-		id := hex.EncodeToString(sum[:4])
+		id := hex.EncodeToString(sum[:keyIDLen])
 		for j, k := range ring.keys {
 			if k.id == id {
 				return nil, fmt.Errorf("encryption_keys: key %d repeats key %d", n, j+1)
@@ -68,7 +74,7 @@ func newKeyring(raw []string) (*keyring, error) {
 		if err != nil {
 			return nil, fmt.Errorf("encryption_keys: making the cipher of key %d: %w", n, err)
 		}
-		ring.keys = append(ring.keys, sealKey{id: id, aead: aead})
+		ring.keys = append(ring.keys, sealKey{id: id, raw: [keyIDLen]byte(sum[:keyIDLen]), aead: aead})
 	}
 	return ring, nil
 }
@@ -86,13 +92,108 @@ func (r *keyring) ids() []string {
 }
 
 // byID returns the key whose id is id, if it is configured.
-func (r *keyring) byID(id string) (sealKey, bool) {
+func (r *keyring) byID(id [keyIDLen]byte) (sealKey, bool) {
 	if r != nil {
 		for _, k := range r.keys {
-			if k.id == id {
+			if k.raw == id {
 				return k, true
 			}
 		}
 	}
 	return sealKey{}, false
+}
+
+// A sealed response's body is its envelope:
+//
+//	0      sealFormat: AES-256-GCM, a random 12-byte nonce
+//	1:5    the id of the key that sealed it
+//	5      the response body's size, a uvarint (inspect shows it)
+//	then   the nonce, then the ciphertext of the response's header and
+//	       body (the record codec's encoding)
+//
+// The associated data binds the ciphertext to the record's key hash, its
+// status and the envelope's head: a record copied under another key, or
+// given another status, does not open.
+const (
+	sealFormat = 1
+	keyIDLen   = 4
+)
+
+// seal returns resp with its headers and body sealed with the first key.
+func (r *keyring) seal(k store.Key, resp *store.Response) (*store.Response, error) {
+	key := r.keys[0]
+	head := append([]byte{sealFormat}, key.raw[:]...)
+	head = binary.AppendUvarint(head, uint64(len(resp.Body)))
+	nonceLen := key.aead.NonceSize()
+	buf := make([]byte, len(head)+nonceLen, len(head)+nonceLen+len(resp.Body)+256+key.aead.Overhead())
+	copy(buf, head)
+	nonce := buf[len(head):]
+	if _, err := rand.Read(nonce); err != nil {
+		return nil, fmt.Errorf("sealing the response: %w", err)
+	}
+	plain := store.AppendRecord(nil, &store.Record{State: store.Completed, Response: store.Response{Header: resp.Header, Body: resp.Body}})
+	body := key.aead.Seal(buf, nonce, plain, sealAAD(k, resp.Status, head))
+	return &store.Response{Status: resp.Status, Body: body, Sealed: true}, nil
+}
+
+// open returns rec with the headers and body sealed in its body.
+func (r *keyring) open(k store.Key, rec *store.Record) (*store.Record, error) {
+	head, size, ok := envelopeHead(rec.Body)
+	if !ok {
+		return nil, &unreadableRecord{reason: "malformed"}
+	}
+	id := [keyIDLen]byte(head[1 : 1+keyIDLen])
+	hexID := hex.EncodeToString(id[:])
+	key, ok := r.byID(id)
+	if !ok {
+		return nil, &unreadableRecord{reason: "unknown_key", keyID: hexID}
+	}
+	sealed := rec.Body[len(head):]
+	nonceLen := key.aead.NonceSize()
+	if len(sealed) < nonceLen+key.aead.Overhead() {
+		return nil, &unreadableRecord{reason: "malformed", keyID: hexID}
+	}
+	plain, err := key.aead.Open(nil, sealed[:nonceLen], sealed[nonceLen:], sealAAD(k, rec.Status, head))
+	if err != nil {
+		return nil, &unreadableRecord{reason: "authentication", keyID: hexID}
+	}
+	inner, err := store.DecodeRecord(plain)
+	if err != nil || len(inner.Body) != size {
+		// authenticated, so written by a sealer that disagrees with this one
+		return nil, &unreadableRecord{reason: "malformed", keyID: hexID}
+	}
+	out := *rec
+	out.Header, out.Body, out.Sealed = inner.Header, inner.Body, false
+	return &out, nil
+}
+
+// envelopeHead splits the head off a sealed body, and reads the size of
+// the body it seals.
+func envelopeHead(body []byte) (head []byte, size int, ok bool) {
+	if len(body) < 1+keyIDLen || body[0] != sealFormat {
+		return nil, 0, false
+	}
+	n, w := binary.Uvarint(body[1+keyIDLen:])
+	if w <= 0 || n > math.MaxInt32 {
+		return nil, 0, false
+	}
+	return body[:1+keyIDLen+w], int(n), true
+}
+
+// bodySize is the size of rec's response body, sealed or not.
+func bodySize(rec *store.Record) int {
+	if rec.Sealed {
+		if _, n, ok := envelopeHead(rec.Body); ok {
+			return n
+		}
+	}
+	return len(rec.Body)
+}
+
+// sealAAD is the associated data of a sealed response.
+func sealAAD(k store.Key, status int, head []byte) []byte {
+	aad := make([]byte, 0, len(k)+2+len(head))
+	aad = append(aad, k[:]...)
+	aad = binary.BigEndian.AppendUint16(aad, uint16(status))
+	return append(aad, head...)
 }

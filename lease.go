@@ -32,9 +32,11 @@ import (
 // between one lease and one lease plus two twelfths after its client left.
 // The goroutine runs only while requests do.
 type leases struct {
-	h     *Handler
-	lease time.Duration
-	tick  time.Duration
+	store   store.Store
+	metrics *metrics
+	logger  *zap.Logger
+	lease   time.Duration
+	tick    time.Duration
 
 	mu      sync.Mutex
 	head    *run // the running requests, a doubly linked list
@@ -65,9 +67,8 @@ type run struct {
 	done       bool
 }
 
-func newLeases(h *Handler) *leases {
-	lease := time.Duration(h.LockTimeout)
-	return &leases{h: h, lease: lease, tick: max(lease/leaseTicks, minLeaseTick)}
+func newLeases(s store.Store, lease time.Duration, m *metrics, logger *zap.Logger) *leases {
+	return &leases{store: s, metrics: m, logger: logger, lease: lease, tick: max(lease/leaseTicks, minLeaseTick)}
 }
 
 // start registers a request that has just claimed its key, and returns the
@@ -148,12 +149,11 @@ func (l *leases) check(r *run, now time.Time) {
 // renew renews r's claim, retrying a failed renewal until the claim, held
 // until held, lapses.
 func (l *leases) renew(r *run, held time.Time) {
-	h := l.h
 	for retry := minRenewRetry; !l.stopped(r); retry = min(2*retry, l.lease/renewFraction) {
 		// A renewal may take at most what is left of the lease.
 		ctx, cancel := context.WithDeadline(detached(r.client), held)
 		start := time.Now()
-		err := h.store.Renew(ctx, r.key, r.token, l.lease)
+		err := l.store.Renew(ctx, r.key, r.token, l.lease)
 		cancel()
 
 		l.mu.Lock()
@@ -165,16 +165,16 @@ func (l *leases) renew(r *run, held time.Time) {
 		case err == nil:
 			r.claimedAt, r.held, r.renewing = start, start.Add(l.lease), false
 			l.mu.Unlock()
-			h.metrics.renewed()
+			l.metrics.renewed()
 			return
 		case errors.Is(err, store.ErrNotOwner):
 			l.mu.Unlock() // r.renewing stays set: there is nothing left to renew
-			h.logger.Error("claim lost while the request runs; a duplicate may run it too",
+			l.logger.Error("claim lost while the request runs; a duplicate may run it too",
 				zap.String("key_hash", r.key.String()))
 			return
 		}
 		l.mu.Unlock()
-		h.logger.Warn("renewing the claim failed", zap.String("key_hash", r.key.String()), zap.Error(err))
+		l.logger.Warn("renewing the claim failed", zap.String("key_hash", r.key.String()), zap.Error(err))
 		left := time.Until(held)
 		if left <= 0 {
 			return // the claim lapsed; r.renewing stays set

@@ -1,7 +1,6 @@
 package idempotency
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -101,9 +100,9 @@ func TestDeadOwnersClaimIsTakenOver(t *testing.T) {
 		// renews or completes it.
 		req := post("/orders", "k", "x")
 		key := store.NewKey("", "k")
-		dead := &store.Claim{Token: storetest.NewToken(), Endpoint: defaultEndpointOf(req.Method, req.Host, req.URL.Path), Fingerprint: h.fingerprintOf(req, bytes.NewBufferString("x")), Lease: time.Second}
-		if rec, err := h.store.Acquire(context.Background(), key, dead); rec != nil || err != nil {
-			t.Fatalf("dead owner's claim: %v %v", rec, err)
+		dead := &store.Claim{Token: storetest.NewToken(), Endpoint: defaultEndpointOf(req.Method, req.Host, req.URL.Path), Fingerprint: h.payload.of(req, []byte("x")), CreatedAt: time.Now(), Lease: time.Second}
+		if got, err := h.store.Acquire(context.Background(), key, dead); got.Record != nil || err != nil {
+			t.Fatalf("dead owner's claim: %v %v", got.Record, err)
 		}
 		start := time.Now()
 		wantStatus(t, do(h, b, post("/orders", "k", "x")), 409)
@@ -120,7 +119,7 @@ func TestDeadOwnersClaimIsTakenOver(t *testing.T) {
 			t.Fatalf("backend ran %d times after the takeover, want 1", b.runs.Load())
 		}
 		// The dead owner, waking up, cannot overwrite the new owner's result.
-		if err := h.store.Complete(context.Background(), key, dead, &store.Record{Status: 500}, time.Minute); !errors.Is(err, store.ErrNotOwner) {
+		if err := h.store.Complete(context.Background(), key, dead, &store.Response{Status: 500}, time.Minute); !errors.Is(err, store.ErrNotOwner) {
 			t.Fatalf("stale owner's Complete = %v, want ErrNotOwner", err)
 		}
 		wantStatus(t, do(h, b, post("/orders", "k", "x")), 201)

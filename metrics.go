@@ -1,14 +1,11 @@
 package idempotency
 
 import (
-	"context"
 	"errors"
 	"sync"
-	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
 // The collectors are process-wide, created once and registered into each
@@ -89,7 +86,10 @@ func newMetrics(reg *prometheus.Registry) (*metrics, error) {
 	return m, nil
 }
 
-func (m *metrics) result(r result) {
+// publish gives the request's outcome to the access log's placeholder and
+// counts it.
+func (m *metrics) publish(repl *caddy.Replacer, r result) {
+	repl.Set("http.idempotency.result", results[r].value)
 	if m != nil {
 		m.results[r].Inc()
 	}
@@ -123,61 +123,4 @@ func (m *metrics) waiter(delta float64) {
 	if m != nil {
 		collectors.waiting.Add(delta)
 	}
-}
-
-// instrumented times every store operation. It wraps the store only when
-// metrics are on, so a handler without metrics pays nothing.
-type instrumented struct {
-	store.Store
-	acquire, complete, release, renew             prometheus.Observer
-	acquireErr, completeErr, releaseErr, renewErr prometheus.Counter
-}
-
-func instrument(s store.Store, name string) *instrumented {
-	op := func(o string) (prometheus.Observer, prometheus.Counter) {
-		return collectors.storeOps.WithLabelValues(name, o), collectors.storeErrs.WithLabelValues(name, o)
-	}
-	i := &instrumented{Store: s}
-	i.acquire, i.acquireErr = op("acquire")
-	i.complete, i.completeErr = op("complete")
-	i.release, i.releaseErr = op("release")
-	i.renew, i.renewErr = op("renew")
-	return i
-}
-
-// timeOp records an operation's latency, and counts its failure unless
-// the caller's context ended it: a client that left is no store outage.
-func timeOp(ctx context.Context, o prometheus.Observer, errs prometheus.Counter, start time.Time, err error) {
-	o.Observe(time.Since(start).Seconds())
-	if errors.Is(err, store.ErrUnavailable) && ctx.Err() == nil {
-		errs.Inc()
-	}
-}
-
-func (i *instrumented) Acquire(ctx context.Context, k store.Key, c *store.Claim) (*store.Record, error) {
-	start := time.Now()
-	rec, err := i.Store.Acquire(ctx, k, c)
-	timeOp(ctx, i.acquire, i.acquireErr, start, err)
-	return rec, err
-}
-
-func (i *instrumented) Complete(ctx context.Context, k store.Key, c *store.Claim, rec *store.Record, ttl time.Duration) error {
-	start := time.Now()
-	err := i.Store.Complete(ctx, k, c, rec, ttl)
-	timeOp(ctx, i.complete, i.completeErr, start, err)
-	return err
-}
-
-func (i *instrumented) Release(ctx context.Context, k store.Key, t store.Token) error {
-	start := time.Now()
-	err := i.Store.Release(ctx, k, t)
-	timeOp(ctx, i.release, i.releaseErr, start, err)
-	return err
-}
-
-func (i *instrumented) Renew(ctx context.Context, k store.Key, t store.Token, lease time.Duration) error {
-	start := time.Now()
-	err := i.Store.Renew(ctx, k, t, lease)
-	timeOp(ctx, i.renew, i.renewErr, start, err)
-	return err
 }

@@ -87,12 +87,12 @@ func TestDisableMetrics(t *testing.T) {
 	if h.metrics != nil {
 		t.Fatal("metrics on despite disable_metrics")
 	}
-	tr, ok := h.store.(*traced)
+	o, ok := h.store.(*observed)
 	if !ok {
-		t.Fatalf("store %T, want the traced store", h.store)
+		t.Fatalf("store %T, want the observed store", h.store)
 	}
-	if _, ok := tr.Store.(*instrumented); ok {
-		t.Fatal("store instrumented despite disable_metrics")
+	if o.latency[opAcquire] != nil {
+		t.Fatal("store calls timed despite disable_metrics")
 	}
 	before := count("new")
 	wantStatus(t, do(h, &backend{}, post("/m", "k", "x")), 201)
@@ -104,9 +104,9 @@ func TestDisableMetrics(t *testing.T) {
 func TestMetricsCountTakeovers(t *testing.T) {
 	h := provision(t, storeConfigs[0].raw(t), func(h *Handler) { h.LockTimeout = caddy.Duration(time.Second) })
 	req := post("/m", "dead", "x")
-	dead := &store.Claim{Token: storetest.NewToken(), Endpoint: defaultEndpointOf(req.Method, req.Host, req.URL.Path), Lease: 50 * time.Millisecond}
-	if rec, err := h.store.Acquire(context.Background(), store.NewKey("", "dead"), dead); rec != nil || err != nil {
-		t.Fatalf("dead owner's claim: %v %v", rec, err)
+	dead := &store.Claim{Token: storetest.NewToken(), Endpoint: defaultEndpointOf(req.Method, req.Host, req.URL.Path), CreatedAt: time.Now(), Lease: 50 * time.Millisecond}
+	if got, err := h.store.Acquire(context.Background(), store.NewKey("", "dead"), dead); got.Record != nil || err != nil {
+		t.Fatalf("dead owner's claim: %v %v", got.Record, err)
 	}
 	time.Sleep(100 * time.Millisecond)
 	before := testutil.ToFloat64(collectors.takeovers)

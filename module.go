@@ -7,17 +7,15 @@ package idempotency
 import (
 	"encoding/json"
 	"fmt"
-	"net/http"
 	"net/textproto"
-	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
-	"github.com/caddy-idempotency/caddy-idempotency/internal/canonjson"
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 	_ "github.com/caddy-idempotency/caddy-idempotency/store/file"
 	_ "github.com/caddy-idempotency/caddy-idempotency/store/memory" // the default store
@@ -27,185 +25,12 @@ import (
 
 func init() {
 	caddy.RegisterModule(Handler{})
-}
-
-// Defaults, as documented in the README.
-const (
-	defaultKeyHeader    = "Idempotency-Key"
-	defaultScope        = "{http.auth.user.id}"
-	defaultTTL          = 24 * time.Hour
-	defaultLockTimeout  = 30 * time.Second
-	defaultMaxBody      = 1 << 20
-	defaultReplayHeader = "Idempotent-Replayed"
-	failClosed          = "fail_closed"
-	failOpen            = "fail_open"
-	conflictReject      = "reject"
-	conflictWait        = "wait"
-	unknownRelease      = "release"
-	unknownKeep         = "keep"
-	fingerprintBody     = "body"
-	fingerprintJSON     = "json"
-	fingerprintNone     = "none"
-)
-
-var defaultMethods = []string{http.MethodPost, http.MethodPatch}
-
-// defaultReleaseStatuses answer a request that was not carried out: the
-// caller must authenticate (401, 407), the server gave up waiting for the
-// request (408), would not risk a replay of early data (425), or limits
-// the caller's rate (429).
-var defaultReleaseStatuses = []int{
-	http.StatusUnauthorized, http.StatusProxyAuthRequired, http.StatusRequestTimeout,
-	http.StatusTooEarly, http.StatusTooManyRequests,
-}
-
-// Options configure a handler: they are the idempotency directive's
-// options, and the idempotency app holds them as every handler's defaults.
-type Options struct {
-	// KeyHeader is the request header that carries the key.
-	// Default: Idempotency-Key.
-	KeyHeader string `json:"key_header,omitempty"`
-
-	// Methods are the request methods made idempotent; requests with other
-	// methods pass through untouched, even if they carry a key.
-	// Default: POST, PATCH.
-	Methods []string `json:"methods,omitempty"`
-
-	// Required refuses requests without a key with 400. Without it,
-	// requests without a key pass through unprotected.
-	Required bool `json:"required,omitempty"`
-
-	// Scope is a template of Caddy placeholders, expanded per request and
-	// combined with the key, so that clients with the same key never share
-	// a record. Default: {http.auth.user.id} (the authenticated user; empty,
-	// hence one shared scope, when the route has no authentication).
-	Scope string `json:"scope,omitempty"`
-
-	// RequireScope refuses with 401 a request whose scope expands to the
-	// empty string, instead of letting it share the one empty scope with
-	// every other such request: behind forward_auth, or a header that a
-	// request lacks. Without it, the first empty scope is logged.
-	RequireScope bool `json:"require_scope,omitempty"`
-
-	// ForwardKey names a request header set, for the handlers that follow
-	// (the upstream), to the scoped key hash ({http.idempotency.key}) on
-	// every request the handler protects, so the upstream can hand it on
-	// to its payment provider. A copy of it that the client sent is removed
-	// from every request the handler sees, protected or passed through: a
-	// client never chooses the key the upstream hands on.
-	ForwardKey string `json:"forward_key,omitempty"`
-
-	// Endpoint is a template of Caddy placeholders, expanded per request:
-	// what a key is bound to besides its payload. A key reused where the
-	// template expands to something else gets 422; with
-	// {http.request.method} {http.request.uri.path}, keys are shared across
-	// the host names of one API. Default:
-	// {http.request.method} {http.request.host}{http.request.uri.path} (the
-	// method, the host without its port, in lower case, and the path).
-	Endpoint string `json:"endpoint,omitempty"`
-
-	// Fingerprint says which parts of a request make the payload a key is
-	// bound to: a retry with the same payload is replayed, another gets
-	// 422. "body": the exact query and body bytes. "json": the body's
-	// canonical JSON (member order, whitespace and spellings of one value
-	// do not count; array order does) and the query as a sorted set; a body
-	// that is not JSON counts as its bytes. "none": the key and endpoint
-	// only; the body is not read, so max_request_body does not apply.
-	// Changing the mode changes every fingerprint, so for one ttl after
-	// the change a retry may get 422. Default: body.
-	Fingerprint string `json:"fingerprint,omitempty"`
-
-	// FingerprintIgnore lists the values left out of the json fingerprint,
-	// such as a timestamp or a trace id that a client sets afresh on each
-	// retry, as RFC 6901 JSON pointers in which the token * matches every
-	// element of an array and every member of an object: /sent_at,
-	// /meta/trace_id, /items/*/client_ts. Requires fingerprint json.
-	FingerprintIgnore []string `json:"fingerprint_ignore,omitempty"`
-
-	// FingerprintHeaders are request headers that count in the fingerprint,
-	// in every mode, such as Content-Type or X-Account-Id: the same body
-	// sent with another value of one of them is another payload (422). A
-	// header that is absent differs from one that is empty, and several
-	// lines of one header count in their order. Names are case-insensitive.
-	FingerprintHeaders []string `json:"fingerprint_headers,omitempty"`
-
-	// TTL is how long a completed response is replayed. Default: 24h.
-	TTL caddy.Duration `json:"ttl,omitempty"`
-
-	// LockTimeout is the lease of an in-flight claim: while the request
-	// runs it is renewed every third of this; if its owner dies, a retry
-	// takes the key over once the lease has passed. At least 1s.
-	// Default: 30s.
-	LockTimeout caddy.Duration `json:"lock_timeout,omitempty"`
-
-	// MaxRequestBody is the largest request body, in bytes, that is
-	// fingerprinted; larger bodies get 413 (except with fingerprint none,
-	// which does not read the body). Default: 1048576 (1 MiB).
-	MaxRequestBody int64 `json:"max_request_body,omitempty"`
-
-	// MaxResponseBody is the largest response body, in bytes, that is
-	// stored. Larger responses stream to the client in full, and retries of
-	// their key get a 409 problem instead of a replay. Default: 1048576
-	// (1 MiB).
-	MaxResponseBody int64 `json:"max_response_body,omitempty"`
-
-	// OnStoreError is what happens when the store cannot be reached:
-	// fail_closed answers 503 with Retry-After and runs nothing; fail_open
-	// runs the request unprotected and logs it. Default: fail_closed.
-	OnStoreError string `json:"on_store_error,omitempty"`
-
-	// OnConflict is what a duplicate gets while the first request with its
-	// key is still running: "reject" answers 409 with Retry-After at once;
-	// "wait" holds the duplicate until the first request ends (then answers
-	// it with the replay) or until MaxWait has passed (then 409).
-	// Default: reject.
-	OnConflict string `json:"on_conflict,omitempty"`
-
-	// MaxWait bounds how long a duplicate waits with on_conflict wait; it
-	// must then be positive.
-	MaxWait caddy.Duration `json:"max_wait,omitempty"`
-
-	// OnUnknownOutcome is what happens to the key of a request that was
-	// sent to the upstream but never answered: the connection broke, a
-	// timeout such as reverse_proxy's response_header_timeout, or work
-	// cancelled one lock_timeout after its client left. The upstream may
-	// have carried it out. "release" lets a retry run it again; "keep"
-	// holds the key until ttl, and retries get a 502 problem that says the
-	// outcome is unknown. A request that never reached an upstream is
-	// released either way. Default: release.
-	OnUnknownOutcome string `json:"on_unknown_outcome,omitempty"`
-
-	// StoreServerErrors stores 5xx answers and replays them like any
-	// other, so a retry does not run again. Without it, a 5xx answer
-	// releases the key and a retry runs the request again.
-	StoreServerErrors bool `json:"store_server_errors,omitempty"`
-
-	// ReleaseStatuses are the statuses that say a request was not carried
-	// out, such as a rate limit's 429 or an expired token's 401: like a
-	// 5xx, they release the key and a retry runs the request again instead
-	// of getting the refusal replayed until ttl. A list replaces the
-	// default. Default: 401, 407, 408, 425, 429.
-	ReleaseStatuses []int `json:"release_statuses,omitempty"`
-
-	// ReplayHeader is the response header set to "true" on replays.
-	// Default: Idempotent-Replayed.
-	ReplayHeader string `json:"replay_header,omitempty"`
-
-	// DisableMetrics turns off this handler's Prometheus metrics, which
-	// are otherwise exported on Caddy's metrics endpoint.
-	DisableMetrics bool `json:"disable_metrics,omitempty"`
-
-	// EncryptionKeys seal the stored responses' headers and body with
-	// AES-256-GCM: each is 32 bytes in base64, usually a placeholder
-	// resolved at provision ({env.IDEMPOTENCY_KEY},
-	// {file./run/secrets/idempotency}). The first seals new records; every
-	// one opens them, so a key is rotated by putting the new one first. A
-	// stored response that none opens is refused with 500, never run again.
-	EncryptionKeys []string `json:"encryption_keys,omitempty"`
-
-	// StoreRaw is the store backend, a module in the
-	// http.idempotency.stores namespace. Default: memory.
-	StoreRaw json.RawMessage `json:"store,omitempty" caddy:"namespace=http.idempotency.stores inline_key=module"`
+	httpcaddyfile.RegisterHandlerDirective("idempotency", parseCaddyfile)
+	// Inside authentication and compression, so the user is known and the
+	// stored response is what the handlers produced, uncompressed; outside
+	// every handler that produces a response (handle, respond,
+	// reverse_proxy, ...), so that it guards them.
+	httpcaddyfile.RegisterDirectiveOrder("idempotency", httpcaddyfile.After, "encode")
 }
 
 // Handler implements the Idempotency-Key protocol in front of the handlers
@@ -215,23 +40,22 @@ type Handler struct {
 	// handler's JSON object.
 	Options
 
+	// The store as the requests use it: sealed, observed.
 	store    store.Store
 	notifier store.Notifier // the store, if it wakes waiters across instances
 	holds    *store.Holds   // the store's, which keep it open for our requests
 	logger   *zap.Logger
-	keyField string // canonical form of KeyHeader, to index the header map
+	lease    time.Duration // LockTimeout
+	ttl      time.Duration // TTL
+	keyField string        // canonical form of KeyHeader, to index the header map
 	// forwardKeyField is the canonical form of ForwardKey; empty when off.
 	forwardKeyField string
-	// emptyScopeSeen is set once a scope expanded empty, which is logged
-	// once per handler (scope.go).
-	emptyScopeSeen *atomic.Bool
-	// scopeVariable is Scope's variable when Scope is one placeholder.
-	scopeVariable string
-	payload       payload
-	problems      problems
-	metrics       *metrics // nil when disabled
-	keys          *keyring // nil without encryption_keys
-	leases        *leases
+	scope           *scope
+	payload         payload
+	problems        problems
+	metrics         *metrics // nil when disabled
+	keys            *keyring // nil without encryption_keys
+	leases          *leases
 }
 
 // CaddyModule returns the Caddy module information.
@@ -242,27 +66,44 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// Provision sets defaults and loads the store.
+func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	handler := new(Handler)
+	err := handler.UnmarshalCaddyfile(h.Dispenser)
+	return handler, err
+}
+
+// UnmarshalCaddyfile sets up the handler from the idempotency directive
+// (Options.unmarshalCaddyfile gives its syntax).
+func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	return h.Options.unmarshalCaddyfile(d)
+}
+
+// Provision takes the idempotency app's defaults, sets the rest, compiles
+// what the options need and loads the store.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
-	s, storeName, err := h.inherit(ctx)
+	app, err := configuredApp(ctx)
 	if err != nil {
 		return fmt.Errorf("reading the idempotency defaults: %w", err)
 	}
-	h.setDefaults()
-	h.emptyScopeSeen = new(atomic.Bool)
-	h.scopeVariable = soleVariable(h.Scope)
-	h.problems = newProblems(h.KeyHeader, h.MaxRequestBody)
-	h.payload = newPayload(h.Fingerprint, h.FingerprintIgnore, h.FingerprintHeaders)
-
-	if s == nil {
+	var s store.Registration
+	if app != nil {
+		h.inherit(&app.Options)
 		if h.StoreRaw == nil {
-			h.StoreRaw = json.RawMessage(`{"module":"memory"}`)
-			h.logger.Warn("no store configured: using the memory store, which is not shared across instances and forgets every key when Caddy stops; configure 'store redis' to run several instances")
+			s = app.shared
 		}
-		if s, storeName, err = loadStore(ctx, h, "idempotency store"); err != nil {
-			return err
-		}
+	}
+	h.setDefaults()
+	h.lease, h.ttl = time.Duration(h.LockTimeout), time.Duration(h.TTL)
+	h.keyField = textproto.CanonicalMIMEHeaderKey(h.KeyHeader)
+	h.ReplayHeader = textproto.CanonicalMIMEHeaderKey(h.ReplayHeader)
+	if h.ForwardKey != "" {
+		h.forwardKeyField = textproto.CanonicalMIMEHeaderKey(h.ForwardKey)
+	}
+	h.scope = newScope(h.Scope, h.RequireScope, h.logger)
+	h.problems = newProblems(h.KeyHeader, h.MaxRequestBody)
+	if h.payload, err = newPayload(h.Fingerprint, h.FingerprintIgnore, h.FingerprintHeaders); err != nil {
+		return err
 	}
 	if h.keys, err = newKeyring(h.EncryptionKeys); err != nil {
 		return err
@@ -270,196 +111,37 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.keys != nil {
 		h.logger.Info("sealing stored responses", zap.Strings("key_ids", h.keys.ids()))
 	}
-	// Innermost: every store call sees sealed records, even without keys,
-	// so that a sealed record is never replayed as it is stored.
-	h.store = sealStore(s, h.keys)
-	h.notifier, _ = s.(store.Notifier)
-	h.holds = store.HoldsOf(s)
-	h.leases = newLeases(h)
 	if !h.DisableMetrics {
 		if h.metrics, err = newMetrics(ctx.GetMetricsRegistry()); err != nil {
 			return fmt.Errorf("registering metrics: %w", err)
 		}
-		h.store = instrument(h.store, storeName)
 	}
-	// Outermost, so that the metrics time the store alone.
-	h.store = traceStore(h.store, s, storeName)
+
+	if s.Store == nil {
+		if h.StoreRaw == nil {
+			h.StoreRaw = json.RawMessage(`{"module":"memory"}`)
+			h.logger.Warn("no store configured: using the memory store, which is not shared across instances and forgets every key when Caddy stops; configure 'store redis' to run several instances")
+		}
+		if s, err = loadStore(ctx, h, "idempotency store"); err != nil {
+			return err
+		}
+	}
+	h.notifier, _ = s.Store.(store.Notifier)
+	h.holds = store.HoldsOf(s.Store)
+	// Sealing is innermost, with or without keys, so that a sealed record
+	// is never replayed as it is stored; the observer times and traces
+	// the store calls.
+	h.store = observe(sealStore(s.Store, h.keys), s, !h.DisableMetrics)
+	h.leases = newLeases(h.store, h.lease, h.metrics, h.logger)
 	return nil
-}
-
-// loadStore loads the store module that the StoreRaw field of holder (a
-// *Handler or an *App) configures, and returns it with the name it is
-// registered under (its module's name if it does not register), which
-// labels its metrics. what names the store in errors.
-func loadStore(ctx caddy.Context, holder any, what string) (store.Store, string, error) {
-	mod, err := ctx.LoadModule(holder, "StoreRaw")
-	if err != nil {
-		return nil, "", fmt.Errorf("loading %s: %w", what, err)
-	}
-	s, ok := mod.(store.Store)
-	if !ok {
-		// a JSON config can name any module; a Caddyfile's is checked as
-		// it is parsed (unmarshalStore)
-		return nil, "", fmt.Errorf("module %T is not an idempotency store", mod)
-	}
-	if reg, ok := store.RegistrationOf(s); ok {
-		return s, reg.Name, nil
-	}
-	return s, mod.(caddy.Module).CaddyModule().ID.Name(), nil
-}
-
-// setDefaults fills every option left unset with its documented default.
-func (h *Handler) setDefaults() {
-	if h.KeyHeader == "" {
-		h.KeyHeader = defaultKeyHeader
-	}
-	h.keyField = textproto.CanonicalMIMEHeaderKey(h.KeyHeader)
-	if h.ForwardKey != "" {
-		h.forwardKeyField = textproto.CanonicalMIMEHeaderKey(h.ForwardKey)
-	}
-	if len(h.Methods) == 0 {
-		h.Methods = append([]string(nil), defaultMethods...)
-	}
-	for i, m := range h.Methods {
-		h.Methods[i] = strings.ToUpper(m)
-	}
-	if h.Scope == "" {
-		h.Scope = defaultScope
-	}
-	if h.Endpoint == "" {
-		h.Endpoint = defaultEndpoint
-	}
-	if h.Fingerprint == "" {
-		h.Fingerprint = fingerprintBody
-	}
-	if h.TTL == 0 {
-		h.TTL = caddy.Duration(defaultTTL)
-	}
-	if h.LockTimeout == 0 {
-		h.LockTimeout = caddy.Duration(defaultLockTimeout)
-	}
-	if h.MaxRequestBody == 0 {
-		h.MaxRequestBody = defaultMaxBody
-	}
-	if h.MaxResponseBody == 0 {
-		h.MaxResponseBody = defaultMaxBody
-	}
-	if h.OnStoreError == "" {
-		h.OnStoreError = failClosed
-	}
-	if h.OnConflict == "" {
-		h.OnConflict = conflictReject
-	}
-	if h.OnConflict == conflictReject {
-		h.MaxWait = 0
-	}
-	if h.OnUnknownOutcome == "" {
-		h.OnUnknownOutcome = unknownRelease
-	}
-	if len(h.ReleaseStatuses) == 0 {
-		h.ReleaseStatuses = append([]int(nil), defaultReleaseStatuses...)
-	}
-	if h.ReplayHeader == "" {
-		h.ReplayHeader = defaultReplayHeader
-	}
-	h.ReplayHeader = textproto.CanonicalMIMEHeaderKey(h.ReplayHeader)
 }
 
 // Validate checks the configuration without I/O.
-func (h *Handler) Validate() error {
-	if !validToken(h.KeyHeader) {
-		return fmt.Errorf("key_header: invalid header name %q", h.KeyHeader)
-	}
-	if h.ForwardKey != "" && !validToken(h.ForwardKey) {
-		return fmt.Errorf("forward_key: invalid header name %q", h.ForwardKey)
-	}
-	if !validToken(h.ReplayHeader) {
-		return fmt.Errorf("replay_header: invalid header name %q", h.ReplayHeader)
-	}
-	for _, m := range h.Methods {
-		if !validToken(m) {
-			return fmt.Errorf("methods: invalid method %q", m)
-		}
-	}
-	if err := h.validateFingerprint(); err != nil {
-		return err
-	}
-	if h.TTL <= 0 {
-		return fmt.Errorf("ttl must be positive: %v", time.Duration(h.TTL))
-	}
-	if h.LockTimeout < caddy.Duration(time.Second) {
-		return fmt.Errorf("lock_timeout must be at least 1s: %v", time.Duration(h.LockTimeout))
-	}
-	if h.MaxRequestBody <= 0 {
-		return fmt.Errorf("max_request_body must be positive: %d", h.MaxRequestBody)
-	}
-	if h.MaxResponseBody <= 0 {
-		return fmt.Errorf("max_response_body must be positive: %d", h.MaxResponseBody)
-	}
-	if h.OnStoreError != failClosed && h.OnStoreError != failOpen {
-		return fmt.Errorf("on_store_error: want fail_closed or fail_open, got %q", h.OnStoreError)
-	}
-	if h.OnConflict != conflictReject && h.OnConflict != conflictWait {
-		return fmt.Errorf("on_conflict: want reject or wait, got %q", h.OnConflict)
-	}
-	if h.OnConflict == conflictWait && h.MaxWait <= 0 {
-		return fmt.Errorf("on_conflict wait needs a positive max_wait, got %v", time.Duration(h.MaxWait))
-	}
-	if h.OnUnknownOutcome != unknownRelease && h.OnUnknownOutcome != unknownKeep {
-		return fmt.Errorf("on_unknown_outcome: want release or keep, got %q", h.OnUnknownOutcome)
-	}
-	for _, status := range h.ReleaseStatuses {
-		if status < 400 || status > 599 {
-			return fmt.Errorf("release_statuses: want 4xx or 5xx statuses, got %d", status)
-		}
-	}
-	return nil
-}
-
-func (h *Handler) validateFingerprint() error {
-	switch h.Fingerprint {
-	case fingerprintBody, fingerprintJSON, fingerprintNone:
-	default:
-		return fmt.Errorf("fingerprint: want body, json or none, got %q", h.Fingerprint)
-	}
-	if len(h.FingerprintIgnore) > 0 {
-		if h.Fingerprint != fingerprintJSON {
-			return fmt.Errorf("fingerprint_ignore applies only with fingerprint json, not %s", h.Fingerprint)
-		}
-		// Provision compiled the pointers if they compile; the app's
-		// defaults, never provisioned as a handler, are checked here.
-		if h.payload.ignore == nil {
-			if _, err := canonjson.Compile(h.FingerprintIgnore); err != nil {
-				return err
-			}
-		}
-	}
-	for _, name := range h.FingerprintHeaders {
-		if !validToken(name) {
-			return fmt.Errorf("fingerprint_headers: invalid header name %q", name)
-		}
-	}
-	return nil
-}
-
-// validToken reports whether s is an RFC 9110 token (a header name or a
-// method).
-func validToken(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c <= ' ' || c >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) >= 0 {
-			return false
-		}
-	}
-	return true
-}
+func (h *Handler) Validate() error { return h.check() }
 
 // Interface guards
 var (
-	_ caddy.Provisioner           = (*Handler)(nil)
-	_ caddy.Validator             = (*Handler)(nil)
-	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
+	_ caddy.Provisioner     = (*Handler)(nil)
+	_ caddy.Validator       = (*Handler)(nil)
+	_ caddyfile.Unmarshaler = (*Handler)(nil)
 )

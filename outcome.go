@@ -1,14 +1,10 @@
 package idempotency
 
 import (
-	"context"
 	"errors"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
-	"go.uber.org/zap"
-
-	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
 // What a claimed request that got no answer leaves behind. The gateway
@@ -48,10 +44,7 @@ func (e earlierUpstream) String() string { return caddy.ToString(e.value) }
 // reverse_proxy set, and reports whether there was one. Only keep needs
 // to know whose upstream it is: with release, both kinds of failure end
 // in a release, and the request pays nothing.
-func (h *Handler) markEarlierUpstream(repl *caddy.Replacer) bool {
-	if h.OnUnknownOutcome != unknownKeep {
-		return false
-	}
+func markEarlierUpstream(repl *caddy.Replacer) bool {
 	v, ok := repl.Get(upstreamPlaceholder)
 	if ok {
 		repl.Set(upstreamPlaceholder, earlierUpstream{v})
@@ -79,15 +72,4 @@ func reachedUpstream(repl *caddy.Replacer, err error) bool {
 	v, selected := repl.Get(upstreamPlaceholder)
 	_, earlier := v.(earlierUpstream)
 	return selected && !earlier
-}
-
-// keepUnknown holds the key until ttl: its retries are told that the
-// outcome is unknown rather than run again.
-func (h *Handler) keepUnknown(ctx context.Context, key store.Key, c *store.Claim, why string, err error) {
-	fields := []zap.Field{zap.String("key_hash", key.String()), zap.String("reason", why)}
-	if err != nil {
-		fields = append(fields, zap.Error(err))
-	}
-	h.logger.Warn("the upstream may have carried out the request, which got no answer; its key is kept until its ttl (on_unknown_outcome keep)", fields...)
-	h.complete(ctx, key, c, &store.Record{OutcomeUnknown: true})
 }

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync/atomic"
 
 	"github.com/caddyserver/caddy/v2"
@@ -20,6 +21,7 @@ const docsURL = "https://github.com/caddy-idempotency/caddy-idempotency#"
 type problem struct {
 	status             int
 	typ, title, detail string
+	result             result // what the refusal counts as
 	retryAfter         []string
 	body               []byte
 	routes             *errorRoutes // shared by a handler's problems
@@ -28,23 +30,6 @@ type problem struct {
 // Error makes a problem an error for Caddy's error routes; the message is
 // the detail, which {http.error.message} then shows.
 func (p *problem) Error() string { return p.detail }
-
-func newProblem(status int, anchor, title, detail string, retryAfter int) *problem {
-	body, err := json.Marshal(struct {
-		Type   string `json:"type"`
-		Title  string `json:"title"`
-		Status int    `json:"status"`
-		Detail string `json:"detail"`
-	}{docsURL + anchor, title, status, detail})
-	if err != nil {
-		panic(err) // only strings and an int: cannot fail
-	}
-	p := &problem{status: status, typ: docsURL + anchor, title: title, detail: detail, body: body}
-	if retryAfter > 0 {
-		p.retryAfter = []string{strconv.Itoa(retryAfter)}
-	}
-	return p
-}
 
 var (
 	problemContentType = []string{"application/problem+json"}
@@ -100,9 +85,6 @@ type compiledRoutes struct {
 var noAnswer = caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil })
 
 func (e *errorRoutes) of(srv *caddyhttp.Server) caddyhttp.Handler {
-	if e == nil { // a problem made outside newProblems
-		return srv.Errors.Routes.Compile(noAnswer)
-	}
 	if c := e.last.Load(); c != nil && c.srv == srv {
 		return c.chain
 	}
@@ -171,54 +153,90 @@ func (p *problem) write(w http.ResponseWriter) {
 	w.Write(p.body)
 }
 
-// problems holds every answer a handler gives on its own; their details
-// name the handler's configured key header.
-type problems struct {
-	missing, invalid, repeated     *problem
-	missingScope                   *problem
-	tooLarge                       *problem
-	outstanding                    *problem
-	otherEndpoint, otherPayload    *problem
-	unreplayable, storeUnavailable *problem
-	outcomeUnknown                 *problem
-	notAcceptable                  *problem
-	unreadable                     *problem
+// problemKind names each answer the handler gives on its own.
+type problemKind uint8
+
+const (
+	problemMissingKey problemKind = iota
+	problemInvalidKey
+	problemRepeatedKey
+	problemMissingScope
+	problemTooLarge
+	problemOutstanding
+	problemOtherEndpoint
+	problemOtherPayload
+	problemUnreplayable
+	problemStoreUnavailable
+	problemOutcomeUnknown
+	problemNotAcceptable
+	problemUnreadable
+	numProblems
+)
+
+// problemTable is every answer the handler gives on its own, with the
+// result it counts as. In details, {header} stands for the configured key
+// header and {max} for max_request_body.
+var problemTable = [numProblems]struct {
+	status        int
+	anchor        string
+	title, detail string
+	retryAfter    int
+	result        result
+}{
+	problemMissingKey: {400, "missing-key", "Idempotency-Key is missing",
+		"This operation is idempotent and requires the {header} request header.", 0, resultInvalid},
+	problemInvalidKey: {400, "invalid-key", "Idempotency-Key is invalid",
+		"The {header} header must be 1 to 255 visible ASCII characters, bare (without a comma) or as a quoted string.", 0, resultInvalid},
+	problemRepeatedKey: {400, "invalid-key", "Idempotency-Key is invalid",
+		"The {header} header must appear exactly once.", 0, resultInvalid},
+	problemMissingScope: {401, "missing-scope", "The caller of this Idempotency-Key is unknown",
+		"Idempotency keys are kept per caller, and this request names none. Authenticate and retry with the same key.", 0, resultMissingScope},
+	problemTooLarge: {413, "request-too-large", "Request body too large",
+		"An idempotent request body may be at most {max} bytes.", 0, resultTooLarge},
+	problemOutstanding: {409, "outstanding", "A request is outstanding for this Idempotency-Key",
+		"The first request with this key is still being processed. Retry later with the same key.", 1, resultConflict},
+	problemOtherEndpoint: {422, "key-reused", "Idempotency-Key is already used",
+		"This key was used for a request to another endpoint. Use a new key for a new operation.", 0, resultMismatch},
+	problemOtherPayload: {422, "key-reused", "Idempotency-Key is already used",
+		"This key was used for a request with a different payload. Use a new key for a new operation.", 0, resultMismatch},
+	problemUnreplayable: {409, "unreplayable", "The response for this Idempotency-Key cannot be replayed",
+		"The request with this key was processed, but its response was too large or incomplete to be stored. Do not retry it; look the result up instead.", 0, resultUnreplayable},
+	problemStoreUnavailable: {503, "store-unavailable", "Idempotency store unavailable",
+		"The request was not processed because its idempotency could not be guaranteed. Retry later with the same key.", 2, resultError},
+	problemOutcomeUnknown: {502, "outcome-unknown", "The outcome of the request for this Idempotency-Key is unknown",
+		"The request with this key was sent to the server, which did not answer: it may have been carried out. Do not retry it; check whether it took effect before sending it again with a new key.", 0, resultUnknown},
+	problemNotAcceptable: {406, "not-acceptable", "The response for this Idempotency-Key is in an encoding this request does not accept",
+		"The request with this key was processed, and its response is stored in a content coding that cannot be decoded here. Retry with that coding in Accept-Encoding.", 0, resultNotAcceptable},
+	problemUnreadable: {500, "unreadable-record", "The stored response for this Idempotency-Key cannot be read",
+		"The request with this key was processed, but its stored response cannot be decrypted by this server. It will not run again; do not resend it with a new key before checking whether it took effect.", 0, resultUnreadable},
 }
 
+// problems are a handler's answers, rendered from problemTable with its
+// key header and body limit; they share one cache of the compiled error
+// routes.
+type problems [numProblems]*problem
+
 func newProblems(header string, maxRequestBody int64) problems {
-	ps := problems{
-		missing: newProblem(400, "missing-key", "Idempotency-Key is missing",
-			"This operation is idempotent and requires the "+header+" request header.", 0),
-		invalid: newProblem(400, "invalid-key", "Idempotency-Key is invalid",
-			"The "+header+" header must be 1 to 255 visible ASCII characters, bare (without a comma) or as a quoted string.", 0),
-		repeated: newProblem(400, "invalid-key", "Idempotency-Key is invalid",
-			"The "+header+" header must appear exactly once.", 0),
-		missingScope: newProblem(401, "missing-scope", "The caller of this Idempotency-Key is unknown",
-			"Idempotency keys are kept per caller, and this request names none. Authenticate and retry with the same key.", 0),
-		tooLarge: newProblem(413, "request-too-large", "Request body too large",
-			"An idempotent request body may be at most "+strconv.FormatInt(maxRequestBody, 10)+" bytes.", 0),
-		outstanding: newProblem(409, "outstanding", "A request is outstanding for this Idempotency-Key",
-			"The first request with this key is still being processed. Retry later with the same key.", 1),
-		otherEndpoint: newProblem(422, "key-reused", "Idempotency-Key is already used",
-			"This key was used for a request to another endpoint. Use a new key for a new operation.", 0),
-		otherPayload: newProblem(422, "key-reused", "Idempotency-Key is already used",
-			"This key was used for a request with a different payload. Use a new key for a new operation.", 0),
-		unreplayable: newProblem(409, "unreplayable", "The response for this Idempotency-Key cannot be replayed",
-			"The request with this key was processed, but its response was too large or incomplete to be stored. Do not retry it; look the result up instead.", 0),
-		storeUnavailable: newProblem(503, "store-unavailable", "Idempotency store unavailable",
-			"The request was not processed because its idempotency could not be guaranteed. Retry later with the same key.", 2),
-		outcomeUnknown: newProblem(502, "outcome-unknown", "The outcome of the request for this Idempotency-Key is unknown",
-			"The request with this key was sent to the server, which did not answer: it may have been carried out. Do not retry it; check whether it took effect before sending it again with a new key.", 0),
-		notAcceptable: newProblem(406, "not-acceptable", "The response for this Idempotency-Key is in an encoding this request does not accept",
-			"The request with this key was processed, and its response is stored in a content coding that cannot be decoded here. Retry with that coding in Accept-Encoding.", 0),
-		unreadable: newProblem(500, "unreadable-record", "The stored response for this Idempotency-Key cannot be read",
-			"The request with this key was processed, but its stored response cannot be decrypted by this server. It will not run again; do not resend it with a new key before checking whether it took effect.", 0),
-	}
-	// One cache of the compiled error routes for all of them.
+	fill := strings.NewReplacer("{header}", header, "{max}", strconv.FormatInt(maxRequestBody, 10))
 	routes := new(errorRoutes)
-	for _, p := range []*problem{ps.missing, ps.invalid, ps.repeated, ps.missingScope, ps.tooLarge, ps.outstanding,
-		ps.otherEndpoint, ps.otherPayload, ps.unreplayable, ps.storeUnavailable, ps.outcomeUnknown} {
-		p.routes = routes
+	var ps problems
+	for kind, t := range problemTable {
+		detail := fill.Replace(t.detail)
+		body, err := json.Marshal(struct {
+			Type   string `json:"type"`
+			Title  string `json:"title"`
+			Status int    `json:"status"`
+			Detail string `json:"detail"`
+		}{docsURL + t.anchor, t.title, t.status, detail})
+		if err != nil {
+			panic(err) // only strings and an int: cannot fail
+		}
+		p := &problem{status: t.status, typ: docsURL + t.anchor, title: t.title, detail: detail,
+			result: t.result, body: body, routes: routes}
+		if t.retryAfter > 0 {
+			p.retryAfter = []string{strconv.Itoa(t.retryAfter)}
+		}
+		ps[kind] = p
 	}
 	return ps
 }

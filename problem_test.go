@@ -3,7 +3,6 @@ package idempotency
 import (
 	"context"
 	"net/http/httptest"
-	"reflect"
 	"strings"
 	"testing"
 
@@ -14,12 +13,11 @@ import (
 // to handle_errors, tells caches not to keep it: a refusal must not be
 // served again to the retry that the problem itself asks for.
 func TestProblemsAreNotStored(t *testing.T) {
-	ps := reflect.ValueOf(newProblems("Idempotency-Key", 1<<20))
+	ps := newProblems("Idempotency-Key", 1<<20)
 	errorRoutes := &caddyhttp.Server{Errors: &caddyhttp.HTTPErrorConfig{Routes: caddyhttp.RouteList{{}}}}
-	for i := range ps.NumField() {
-		// Every field, so that a problem added later is covered too.
-		p := (*problem)(ps.Field(i).UnsafePointer())
-		name := ps.Type().Field(i).Name
+	for kind, p := range ps {
+		// Every kind, so that a problem added later is covered too.
+		name := problemTable[kind].anchor
 		for _, srv := range []*caddyhttp.Server{nil, errorRoutes} {
 			req, repl := withReplacer(post("/p", "k", ""))
 			if srv != nil {

@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"errors"
 	"net/http"
+	"net/textproto"
+	"slices"
+	"strings"
 	"sync"
 
 	"github.com/caddy-idempotency/caddy-idempotency/store"
@@ -135,16 +138,16 @@ func (rec *recorder) FlushError() error {
 // controls (deadlines, hijacking).
 func (rec *recorder) Unwrap() http.ResponseWriter { return rec.ResponseWriter }
 
-// record is the whole answer, to store: the server answers an empty 200
+// response is the whole answer, to store: the server answers an empty 200
 // to a handler that wrote nothing.
-func (rec *recorder) record() *store.Record {
+func (rec *recorder) response() *store.Response {
 	status := rec.status
 	if !rec.wroteHeader {
 		status = http.StatusOK
 		rec.header = exchangeHeader(rec.ResponseWriter.Header(), rec.outer)
 	}
 	rec.addTrailers()
-	return &store.Record{Status: status, Header: rec.header, Body: rec.body()}
+	return &store.Response{Status: status, Header: rec.header, Body: rec.body()}
 }
 
 func (rec *recorder) body() []byte {
@@ -152,4 +155,78 @@ func (rec *recorder) body() []byte {
 		return nil
 	}
 	return rec.buf.Bytes()
+}
+
+// What of a response's header is stored. The handlers before this one
+// (header, CORS) set headers for each exchange: they set them again for
+// the retry, so only what the handlers after this one added or changed is
+// stored (exchangeHeader).
+
+// unstorableHeaders are never stored or replayed: cookies and
+// authentication answers belong to the caller who received them, and the
+// rest describe one connection or are recomputed on replay.
+var unstorableHeaders = map[string]bool{
+	"Set-Cookie":                true,
+	"Set-Cookie2":               true,
+	"Authentication-Info":       true,
+	"Proxy-Authentication-Info": true,
+	"Proxy-Authenticate":        true,
+	"Connection":                true,
+	"Keep-Alive":                true,
+	"Transfer-Encoding":         true,
+	"Upgrade":                   true,
+	"Trailer":                   true,
+	"Date":                      true,
+	"Content-Length":            true,
+	"Alt-Svc":                   true,
+}
+
+// exchangeHeader is what h holds beyond outer, the header as the handlers
+// before this one left it: the names they did not set, whole; for the names
+// they set, the values appended after theirs, or the whole list if it was
+// replaced. It is nil when there is nothing to store.
+func exchangeHeader(h, outer http.Header) http.Header {
+	var out http.Header
+	for name, values := range h {
+		if unstorableHeaders[name] || len(values) == 0 {
+			continue
+		}
+		if old, ok := outer[name]; ok && len(values) >= len(old) && slices.Equal(values[:len(old)], old) {
+			if values = values[len(old):]; len(values) == 0 {
+				continue
+			}
+		}
+		if out == nil {
+			out = make(http.Header, len(h))
+		}
+		out[name] = values
+	}
+	return out
+}
+
+// addTrailers adds to rec's stored header the trailers set after the body,
+// under net/http's TrailerPrefix convention, which every store keeps as a
+// header name: the names the Trailer header declared, and the names
+// already written with the prefix.
+func (rec *recorder) addTrailers() {
+	h := rec.ResponseWriter.Header()
+	add := func(name string, values []string) {
+		if rec.header == nil {
+			rec.header = make(http.Header)
+		}
+		rec.header[name] = values
+	}
+	for _, line := range rec.declared {
+		for name := range strings.SplitSeq(line, ",") {
+			name = textproto.CanonicalMIMEHeaderKey(strings.TrimSpace(name))
+			if values := h[name]; len(values) > 0 && name != "" {
+				add(http.TrailerPrefix+name, values)
+			}
+		}
+	}
+	for name, values := range h {
+		if strings.HasPrefix(name, http.TrailerPrefix) && len(values) > 0 {
+			add(name, values)
+		}
+	}
 }

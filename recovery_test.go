@@ -17,9 +17,9 @@ func TestStoreOutage(t *testing.T) {
 	srv := testredis.Start(t)
 	raw := json.RawMessage(`{"module":"redis","addresses":["` + srv.Addr() + `"]}`)
 	closed := provision(t, raw, nil)
-	closedLogs := observe(closed)
+	closedLogs := watchLogs(closed)
 	open := provision(t, raw, func(h *Handler) { h.OnStoreError = failOpen })
-	openLogs := observe(open)
+	openLogs := watchLogs(open)
 	b := &backend{}
 	secretKey, secretBody := "secret-key-1234", `{"card":"4242424242424242"}`
 

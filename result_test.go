@@ -9,7 +9,8 @@ func TestResultNames(t *testing.T) {
 	want := map[string]string{
 		"new": "new", "replay": "replay", "conflict": "conflict", "mismatch": "mismatch",
 		"bypass": "bypass", "invalid": "invalid", "too_large": "too_large", "error": "store_error",
-		"unknown": "unknown", "client_gone": "client_gone",
+		"unknown": "unknown", "client_gone": "client_gone", "missing_scope": "missing_scope",
+		"unreplayable": "unreplayable", "not_acceptable": "not_acceptable", "unreadable": "unreadable",
 	}
 	for r := range numResults {
 		value, _ := results[r].value.(string)

@@ -19,18 +19,18 @@ func BenchmarkSealOpen(b *testing.B) {
 	}
 	key := store.NewKey("", "bench")
 	for _, size := range []int{1 << 10, 64 << 10} {
-		rec := &store.Record{Status: 201, Body: bytes.Repeat([]byte("x"), size), Header: http.Header{
+		resp := &store.Response{Status: 201, Body: bytes.Repeat([]byte("x"), size), Header: http.Header{
 			"Content-Type": {"application/json"}, "Location": {"/v1/orders/42"}, "X-Request-Id": {"4bf92f3577b34da6"},
 		}}
 		b.Run(strconv.Itoa(size>>10)+"KiB", func(b *testing.B) {
 			b.ReportAllocs()
 			b.SetBytes(int64(size))
 			for b.Loop() {
-				sealed, err := ring.seal(key, rec)
+				sealed, err := ring.seal(key, resp)
 				if err != nil {
 					b.Fatal(err)
 				}
-				if _, err := ring.open(key, sealed, sealed.Header[store.SealedHeader]); err != nil {
+				if _, err := ring.open(key, &store.Record{State: store.Completed, Response: *sealed}); err != nil {
 					b.Fatal(err)
 				}
 			}

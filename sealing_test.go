@@ -226,7 +226,7 @@ func TestSealingKeyRotation(t *testing.T) {
 		wantStatus(t, do(rotated, b, post("/r", "k-new", `{}`)), 201)
 
 		dropped := provision(t, raw, withKeys(sealKeyB))
-		logs := observe(dropped)
+		logs := watchLogs(dropped)
 		before := testutil.ToFloat64(collectors.unreadable.WithLabelValues("unknown_key"))
 		wantProblem(t, do(dropped, b, post("/r", "k-rot", `{}`)), 500, "The stored response for this Idempotency-Key cannot be read")
 		wantSecretReplay(t, do(dropped, b, post("/r", "k-new", `{}`)), "rotated-secret")
@@ -271,7 +271,7 @@ func TestSealedRecordTampered(t *testing.T) {
 		}
 		t.Run(rs.name, func(t *testing.T) {
 			h := provision(t, rs.raw, withKeys(sealKeyA))
-			logs := observe(h)
+			logs := watchLogs(h)
 			b := secretBackend("tamper-me")
 			req := post("/t", "k-tamper", `{}`)
 			wantStatus(t, do(h, b, req), 201)
@@ -297,32 +297,39 @@ func TestSealBindsKeyAndStatus(t *testing.T) {
 		t.Fatal(err)
 	}
 	k1, k2 := store.NewKey("", "one"), store.NewKey("", "two")
-	rec := &store.Record{State: store.Completed, Status: 201, Header: http.Header{"X-A": {"1"}}, Body: []byte("body")}
-	sealed, err := ring.seal(k1, rec)
+	resp := &store.Response{Status: 201, Header: http.Header{"X-A": {"1"}}, Body: []byte("body")}
+	sealed, err := ring.seal(k1, resp)
 	if err != nil {
 		t.Fatal(err)
 	}
-	marker := sealed.Header[store.SealedHeader]
-	if got := store.Summarize(sealed).BodySize; got != 4 {
+	rec := &store.Record{State: store.Completed, Response: *sealed}
+	if !rec.Sealed || len(rec.Header) != 0 || bytes.Contains(rec.Body, []byte("body")) {
+		t.Fatalf("sealed response %+v", sealed)
+	}
+	if got := bodySize(rec); got != 4 {
 		t.Fatalf("sealed record's body size %d, want 4, the response's", got)
 	}
-	opened, err := ring.open(k1, sealed, marker)
-	if err != nil || string(opened.Body) != "body" || opened.Header.Get("X-A") != "1" {
+	opened, err := ring.open(k1, rec)
+	if err != nil || string(opened.Body) != "body" || opened.Header.Get("X-A") != "1" || opened.Sealed {
 		t.Fatalf("open: %v %v", opened, err)
 	}
-	if _, err := ring.open(k2, sealed, marker); err == nil || err.(*unreadableRecord).reason != "authentication" {
+	if _, err := ring.open(k2, rec); err == nil || err.(*unreadableRecord).reason != "authentication" {
 		t.Fatalf("opened under another key: %v", err)
 	}
-	other := *sealed
+	other := *rec
 	other.Status = 200
-	if _, err := ring.open(k1, &other, marker); err == nil || err.(*unreadableRecord).reason != "authentication" {
+	if _, err := ring.open(k1, &other); err == nil || err.(*unreadableRecord).reason != "authentication" {
 		t.Fatalf("opened with another status: %v", err)
 	}
-	if _, err := ring.open(k1, sealed, []string{"v1 " + ring.keys[0].id + " 5"}); err == nil {
+	resized := *rec
+	resized.Body = bytes.Clone(rec.Body)
+	resized.Body[1+keyIDLen] = 5 // the stated size, in the envelope's head
+	if _, err := ring.open(k1, &resized); err == nil {
 		t.Fatal("opened with another stated size")
 	}
-	again, _ := ring.seal(k1, rec)
-	if bytes.Equal(again.Body[:12], sealed.Body[:12]) {
+	again, _ := ring.seal(k1, resp)
+	nonce := 1 + keyIDLen + 1
+	if bytes.Equal(again.Body[nonce:nonce+12], sealed.Body[nonce:nonce+12]) {
 		t.Fatal("two seals share a nonce")
 	}
 }

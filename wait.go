@@ -2,11 +2,7 @@ package idempotency
 
 import (
 	"context"
-	"net/http"
 	"time"
-
-	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
@@ -29,49 +25,49 @@ const (
 // wait answers a duplicate of a running request once that request ends, or
 // with 409 once MaxWait has passed. If the owner released its claim (a 5xx)
 // the waiter claims the key and runs the request itself, as a retry would.
-func (h *Handler) wait(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, next caddyhttp.Handler, key store.Key, c *store.Claim) error {
+func (a *attempt) wait() error {
+	h := a.h
 	h.metrics.waiter(1)
 	defer h.metrics.waiter(-1)
 	deadline := time.Now().Add(time.Duration(h.MaxWait))
 	// The polls' spans are the wait's children.
-	ctx, span := startSpan(r.Context(), "idempotency.wait", nil)
+	ctx, span := startSpan(a.r.Context(), "idempotency.wait", nil)
 	poll := minPoll
 	timer := time.NewTimer(time.Duration(h.MaxWait))
 	defer timer.Stop()
 	for {
-		ended, unwatch := store.AwaitEnd(key)
-		timer.Reset(nextPoll(ctx, h.notifier, key, poll, deadline))
+		ended, unwatch := store.AwaitEnd(a.key)
+		timer.Reset(nextPoll(ctx, h.notifier, a.key, poll, deadline))
 		select {
-		case <-r.Context().Done():
+		case <-a.r.Context().Done():
 			// The client left; nothing ran for it, so nothing is lost.
 			unwatch()
 			endWait(span, "client_left")
-			h.setResult(repl, resultConflict)
+			a.result(resultConflict)
 			return nil
 		case <-ended:
 		case <-timer.C:
 		}
 		unwatch()
-		rec, err := h.store.Acquire(ctx, key, c)
+		got, err := h.store.Acquire(ctx, a.key, &a.claim)
+		rec := got.Record
 		switch {
-		case err != nil && r.Context().Err() != nil:
+		case err != nil && a.r.Context().Err() != nil:
 			endWait(span, "client_left")
-			return h.acquireFailed(w, r, repl, next, key, c.Token, err)
+			return a.storeFailed(err)
 		case err != nil:
 			endWait(span, "store_error")
-			return h.acquireFailed(w, r, repl, next, key, c.Token, err)
+			return a.storeFailed(err)
 		case rec == nil:
 			endWait(span, "owner_released")
-			h.setResult(repl, resultNew)
-			h.claimed(key, c)
-			return h.execute(w, r, repl, next, key, c)
-		case rec.State != store.InProgress || !boundTo(rec, c):
+			return a.run(got.TookOver)
+		case rec.State != store.InProgress || !boundTo(rec, &a.claim):
 			endWait(span, "owner_finished")
-			return h.answerFromRecord(w, r, repl, rec, c)
+			return a.replay(rec)
 		}
 		if time.Until(deadline) <= 0 {
 			endWait(span, "timeout")
-			return h.refuse(w, r, repl, resultConflict, h.problems.outstanding)
+			return a.refuse(problemOutstanding)
 		}
 		poll = min(2*poll, maxPoll)
 	}

@@ -1,7 +1,6 @@
 package idempotency
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"net/http"
@@ -88,14 +87,14 @@ func TestWaitNoticesAnOwnerElsewhere(t *testing.T) {
 		b := &backend{}
 		req := post("/orders", "remote", "x")
 		key := store.NewKey("", "remote")
-		remote := &store.Claim{Token: storetest.NewToken(), Endpoint: defaultEndpointOf(req.Method, req.Host, req.URL.Path), Fingerprint: h.fingerprintOf(req, bytes.NewBufferString("x")), Lease: time.Minute}
-		if rec, err := h.store.Acquire(context.Background(), key, remote); rec != nil || err != nil {
-			t.Fatalf("remote claim: %v %v", rec, err)
+		remote := &store.Claim{Token: storetest.NewToken(), Endpoint: defaultEndpointOf(req.Method, req.Host, req.URL.Path), Fingerprint: h.payload.of(req, []byte("x")), CreatedAt: time.Now(), Lease: time.Minute}
+		if got, err := h.store.Acquire(context.Background(), key, remote); got.Record != nil || err != nil {
+			t.Fatalf("remote claim: %v %v", got.Record, err)
 		}
 		go func() {
 			time.Sleep(200 * time.Millisecond)
 			h.store.Complete(context.Background(), key, remote,
-				&store.Record{Status: 202, Body: []byte("done elsewhere")}, time.Minute)
+				&store.Response{Status: 202, Body: []byte("done elsewhere")}, time.Minute)
 		}()
 		start := time.Now()
 		r := do(h, b, req)

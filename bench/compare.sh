@@ -10,8 +10,11 @@
 #   bench/compare.sh <old-rev> [<new-rev>]   new-rev defaults to the working tree
 #
 # Environment: CONC=16 ROUNDS=6 DUR=2s ROUTES="baseline_cas redis memory"
-# (redis_cached, the redis store with local_cache 64MiB, too when named)
-# MODES="new replay". Output (logs, raw results) goes to bench/out/compare/.
+# (redis_cached, the redis store with local_cache 64MiB; postgres, on a
+# private PostgreSQL cluster made with initdb; file, a bbolt file each, too
+# when named) MODES="new replay". Output (logs, raw results) goes to
+# bench/out/compare/. CPU per request is Caddy's plus its store server's:
+# Redis, or the postmaster and all its backends.
 #
 # Both processes also serve a memory route, whose records live in their
 # heap: the garbage collector's cost of that heap falls on every route of
@@ -71,6 +74,23 @@ pids+=($!)
 for _ in $(seq 100); do [ -s "$out/upstream.addr" ] && redis-cli -p "$rp" ping >/dev/null 2>&1 && break; sleep 0.05; done
 up=$(cat "$out/upstream.addr")
 
+# A private PostgreSQL, only when a postgres route is run. As root it runs as
+# the postgres user, which PostgreSQL requires.
+pg_pid="" pp=""
+if [[ " $ROUTES " == *" postgres "* ]]; then
+	pgbin=$(dirname "$(readlink -f "$(command -v initdb || ls /usr/lib/postgresql/*/bin/initdb | tail -1)")")
+	pp=$($L freeport)
+	pgdir=$out/pg && mkdir -p "$pgdir"
+	as=()
+	if [ "$(id -u)" -eq 0 ]; then chown postgres "$pgdir" && chmod 711 "$out" && as=(runuser -u postgres --); fi
+	"${as[@]}" "$pgbin/initdb" -D "$pgdir/data" -U postgres -A trust -E UTF8 --locale=C -N >"$out/initdb.log" 2>&1
+	"${as[@]}" "$pgbin/postgres" -D "$pgdir/data" -p "$pp" -k "$pgdir/data" -c listen_addresses=127.0.0.1 \
+		-c fsync=off -c full_page_writes=off -c max_connections=300 >"$out/postgres.log" 2>&1 &
+	pg_pid=$!
+	pids+=("$pg_pid")
+	for _ in $(seq 200); do "$pgbin/pg_isready" -q -h 127.0.0.1 -p "$pp" && break; sleep 0.05; done
+fi
+
 declare -A port pid
 for b in old new; do
 	ap=$($L freeport)
@@ -108,6 +128,25 @@ http://127.0.0.1:${port[$b]} {
 		}
 		reverse_proxy $up
 	}
+	route /postgres/* {
+		idempotency {
+			ttl 10m
+			store postgres {
+				dsn "postgres://postgres@127.0.0.1:$pp/postgres?sslmode=disable"
+				table idem_$b
+			}
+		}
+		reverse_proxy $up
+	}
+	route /file/* {
+		idempotency {
+			ttl 10m
+			store file {
+				path $out/file-$b
+			}
+		}
+		reverse_proxy $up
+	}
 	route /redis_cached/* {
 		idempotency {
 			ttl 10m
@@ -130,6 +169,20 @@ for b in old new; do
 done
 
 ticks() { awk '{print $14+$15}' "/proc/$1/stat"; } # utime+stime
+# The store server's ticks: Redis, or the postmaster with its backends
+# (whose ticks, once they exit, are in the postmaster's cutime).
+server_ticks() {
+	if [ "$1" = postgres ]; then
+		local t
+		t=$(awk '{print $14+$15+$16+$17}' "/proc/$pg_pid/stat")
+		for c in $(pgrep -P "$pg_pid"); do t=$((t + $(ticks "$c" 2>/dev/null || echo 0))); done
+		echo "$t"
+	elif [ "$1" = file ] || [ "$1" = memory ]; then
+		echo 0
+	else
+		ticks "$redis_pid"
+	fi
+}
 hz=$(getconf CLK_TCK)
 runs=()
 for m in $MODES; do for r in $ROUTES; do for b in old new; do runs+=("$m $r $b"); done; done; done
@@ -143,9 +196,9 @@ for ((round = 0; round < ROUNDS; round++)); do
 		read -r m r b <<<"${runs[${order[i]}]}"
 		url="http://127.0.0.1:${port[$b]}/$r/orders"
 		"$L" run -url "$url" -mode "$m" -conc "$CONC" -warmup 300ms -duration 300ms >/dev/null
-		c0=$(ticks "${pid[$b]}") s0=$(ticks "$redis_pid")
+		c0=$(ticks "${pid[$b]}") s0=$(server_ticks "$r")
 		"$L" run -url "$url" -mode "$m" -conc "$CONC" -warmup 0s -duration "$DUR" >"$out/last.json"
-		c1=$(ticks "${pid[$b]}") s1=$(ticks "$redis_pid")
+		c1=$(ticks "${pid[$b]}") s1=$(server_ticks "$r")
 		python3 - "$m" "$r" "$b" "$round" "$c0" "$c1" "$s0" "$s1" "$hz" "$out/last.json" >>"$out/results.txt" <<'PY'
 import json, sys
 m, r, b, rnd, c0, c1, s0, s1, hz, f = sys.argv[1:]
@@ -164,7 +217,7 @@ runs = collections.defaultdict(dict)  # (mode, route, build) -> round -> (rps, c
 for line in open(path):
     m, r, b, rnd, rps, caddy, redis, p99, p50 = line.split()
     runs[(m, r, b)][int(rnd)] = (float(rps), float(caddy) + float(redis), float(p99), float(p50))
-print(f"old = {old}, new = {new}; concurrency {conc}; CPU is Caddy + Redis per request, medians over rounds")
+print(f"old = {old}, new = {new}; concurrency {conc}; CPU is Caddy + its store server per request, medians over rounds")
 print()
 print("| mode | route | build | req/s | CPU µs/req | p50 µs | p99 µs |")
 print("|---|---|---|---:|---:|---:|---:|")

@@ -5,31 +5,28 @@ import (
 	"errors"
 	"math/bits"
 	"net/http"
-	"strings"
 	"time"
 )
 
-// The binary record format shared by the backends that keep records as
-// opaque values (Redis, the file store, the memory store). It is compact,
-// holds the body as raw bytes, and starts with a fixed head, so that a
-// store, or a script on its server, can check a claim's owner or pick out
-// claims without decoding the rest:
+// The binary record format of the backends that keep records as opaque
+// values (Redis, the file store, the memory store). It starts with a fixed
+// head, so that a store, or a script on its server, checks a claim's owner
+// or picks out claims without decoding the rest:
 //
 //	0      magic 'I'
 //	1      state
 //	2:18   owner token
 //	18:50  fingerprint
 //	50:58  created at, Unix nanoseconds, big endian
-//	58:60  status, big endian
-//	60     flags (bit 0: truncated; bit 1: outcome unknown; bit 2: expiry
-//	       follows; bit 3: watched)
-//	61:69  with bit 2 only: expires at, Unix nanoseconds, big endian
-//	then   uvarint-prefixed endpoint, uvarint header count, then per header
-//	       a prefixed name, a value count and prefixed values; the body is
-//	       the rest.
+//	58:66  expires at, Unix nanoseconds, big endian (0 for a claim)
+//	66:68  status, big endian
+//	68     flags (bit 0: truncated; bit 1: outcome unknown; bit 2: sealed;
+//	       bit 3: watched)
+//	then   the text: a uvarint length, then the prefixed endpoint and the
+//	       header (AppendHeader); the body is the rest.
 //
-// Records written before the expiry existed lack bit 2 and decode with a
-// zero ExpiresAt.
+// Every string of a record is in its text, which DecodeRecord copies once
+// and slices.
 //
 // The first OwnerLen bytes (magic, state, token) are the owner prefix.
 const (
@@ -38,14 +35,14 @@ const (
 	tokenOff       = 2
 	fingerprintOff = OwnerLen
 	createdOff     = fingerprintOff + len(Fingerprint{})
-	statusOff      = createdOff + 8
+	expiresOff     = createdOff + 8
+	statusOff      = expiresOff + 8
 	flagsOff       = statusOff + 2
 	fixedLen       = flagsOff + 1
 
 	flagTruncated      = 1
 	flagOutcomeUnknown = 2
-	flagExpires        = 4
-	expiresLen         = 8
+	flagSealed         = 4
 )
 
 // FlagsOffset is the offset of the flags byte, and FlagWatched the flag
@@ -99,31 +96,50 @@ func (b Encoded) ClaimedBy(token Token) bool {
 
 // CreatedAt is when the record's key was claimed; zero if b is not a
 // record.
-func (b Encoded) CreatedAt() time.Time {
+func (b Encoded) CreatedAt() time.Time { return b.time(createdOff) }
+
+// ExpiresAt is when a completed record expires, as its writer noted it;
+// zero for a claim, or if b is not a record.
+func (b Encoded) ExpiresAt() time.Time { return b.time(expiresOff) }
+
+func (b Encoded) time(off int) time.Time {
 	if !b.hasHead() {
 		return time.Time{}
 	}
-	return time.Unix(0, int64(binary.BigEndian.Uint64(b[createdOff:statusOff])))
+	return unixTime(binary.BigEndian.Uint64(b[off:]))
 }
 
-// ExpiresAt is when the record expires, as its writer noted it; zero if b
-// is not a record or carries no expiry.
-func (b Encoded) ExpiresAt() time.Time {
-	if !b.hasHead() || b[flagsOff]&flagExpires == 0 || len(b) < fixedLen+expiresLen {
+// unixTime reads a time written by appendTime: 0 is the zero time.
+func unixTime(ns uint64) time.Time {
+	if ns == 0 {
 		return time.Time{}
 	}
-	return time.Unix(0, int64(binary.BigEndian.Uint64(b[fixedLen:])))
+	return time.Unix(0, int64(ns))
+}
+
+func appendTime(dst []byte, t time.Time) []byte {
+	var ns uint64
+	if !t.IsZero() {
+		ns = uint64(t.UnixNano())
+	}
+	return binary.BigEndian.AppendUint64(dst, ns)
 }
 
 // ErrCorrupt is returned by DecodeRecord for bytes it did not write.
 var ErrCorrupt = errors.New("corrupt idempotency record")
 
-// AppendRecord appends the encoding of rec to dst.
+// AppendRecord appends the encoding of rec to dst, grown to the exact size
+// first, so that a record kept as its encoding wastes no capacity.
 func AppendRecord(dst []byte, rec *Record) []byte {
+	text := prefixed(len(rec.Endpoint)) + headerLen(rec.Header)
+	if n := fixedLen + uvarintLen(text) + text + len(rec.Body); cap(dst)-len(dst) < n {
+		dst = append(make([]byte, 0, len(dst)+n), dst...)
+	}
 	dst = append(dst, magic, byte(rec.State))
 	dst = append(dst, rec.Token[:]...)
 	dst = append(dst, rec.Fingerprint[:]...)
-	dst = binary.BigEndian.AppendUint64(dst, uint64(rec.CreatedAt.UnixNano()))
+	dst = appendTime(dst, rec.CreatedAt)
+	dst = appendTime(dst, rec.ExpiresAt)
 	dst = binary.BigEndian.AppendUint16(dst, uint16(rec.Status))
 	var flags byte
 	if rec.Truncated {
@@ -132,85 +148,109 @@ func AppendRecord(dst []byte, rec *Record) []byte {
 	if rec.OutcomeUnknown {
 		flags |= flagOutcomeUnknown
 	}
-	if !rec.ExpiresAt.IsZero() {
-		flags |= flagExpires
+	if rec.Sealed {
+		flags |= flagSealed
 	}
 	dst = append(dst, flags)
-	if flags&flagExpires != 0 {
-		dst = binary.BigEndian.AppendUint64(dst, uint64(rec.ExpiresAt.UnixNano()))
-	}
+	dst = binary.AppendUvarint(dst, uint64(text))
 	dst = appendString(dst, rec.Endpoint)
-	dst = binary.AppendUvarint(dst, uint64(len(rec.Header)))
-	for name, values := range rec.Header {
-		dst = appendString(dst, name)
-		dst = binary.AppendUvarint(dst, uint64(len(values)))
-		for _, v := range values {
-			dst = appendString(dst, v)
-		}
-	}
+	dst = AppendHeader(dst, rec.Header)
 	return append(dst, rec.Body...)
 }
 
-// AppendClaim appends the encoding of the in-progress record for c, claimed
-// at now. Like AppendCompleted, it grows dst to the exact size first, so
-// that a record kept as its encoding wastes no capacity.
-func AppendClaim(dst []byte, c *Claim, now time.Time) []byte {
-	return AppendRecord(grow(dst, encodedLen(c.Endpoint, nil)), &Record{
-		State:       InProgress,
-		Token:       c.Token,
-		Endpoint:    c.Endpoint,
-		Fingerprint: c.Fingerprint,
-		CreatedAt:   now,
+// AppendClaim appends the encoding of the in-progress record of c.
+func AppendClaim(dst []byte, c *Claim) []byte {
+	return AppendRecord(dst, &Record{
+		State: InProgress, Token: c.Token, Endpoint: c.Endpoint, Fingerprint: c.Fingerprint, CreatedAt: c.CreatedAt,
 	})
 }
 
 // AppendCompleted appends the encoding of the completed record that
-// replaces the claim c: c's binding (token, endpoint, fingerprint, creation
-// time) with the response in rec (Status, Header, Body, Truncated,
-// OutcomeUnknown) and its expiry, rec.ExpiresAt, if set.
-func AppendCompleted(dst []byte, c *Claim, rec *Record) []byte {
-	return AppendRecord(grow(dst, encodedLen(c.Endpoint, rec)), &Record{
-		State:          Completed,
-		Token:          c.Token,
-		Endpoint:       c.Endpoint,
-		Fingerprint:    c.Fingerprint,
-		CreatedAt:      c.CreatedAt,
-		Status:         rec.Status,
-		Header:         rec.Header,
-		Body:           rec.Body,
-		Truncated:      rec.Truncated,
-		OutcomeUnknown: rec.OutcomeUnknown,
-		ExpiresAt:      rec.ExpiresAt,
+// replaces the claim c: c's binding with resp, expiring at expires.
+func AppendCompleted(dst []byte, c *Claim, resp *Response, expires time.Time) []byte {
+	return AppendRecord(dst, &Record{
+		State: Completed, Token: c.Token, Endpoint: c.Endpoint, Fingerprint: c.Fingerprint, CreatedAt: c.CreatedAt,
+		Response: *resp, ExpiresAt: expires,
 	})
 }
 
-// grow makes room for n more bytes in dst, allocating exactly that much when
-// it must.
-func grow(dst []byte, n int) []byte {
-	if cap(dst)-len(dst) >= n {
-		return dst
+// AppendHeader appends h: a uvarint count of names, a uvarint count of
+// values, then per name a prefixed name, a uvarint count of its values and
+// each value prefixed. Any bytes round-trip.
+func AppendHeader(dst []byte, h http.Header) []byte {
+	values := 0
+	for _, vs := range h {
+		values += len(vs)
 	}
-	return append(make([]byte, 0, len(dst)+n), dst...)
+	dst = binary.AppendUvarint(dst, uint64(len(h)))
+	dst = binary.AppendUvarint(dst, uint64(values))
+	for name, vs := range h {
+		dst = appendString(dst, name)
+		dst = binary.AppendUvarint(dst, uint64(len(vs)))
+		for _, v := range vs {
+			dst = appendString(dst, v)
+		}
+	}
+	return dst
 }
 
-// encodedLen is the length of the encoding of a record with endpoint and
-// the response in rec (nil for a claim).
-func encodedLen(endpoint string, rec *Record) int {
-	n := fixedLen + prefixed(len(endpoint))
-	if rec == nil {
-		return n + uvarintLen(0)
-	}
-	n += uvarintLen(len(rec.Header)) + len(rec.Body)
-	if !rec.ExpiresAt.IsZero() {
-		n += expiresLen
-	}
-	for name, values := range rec.Header {
-		n += prefixed(len(name)) + uvarintLen(len(values))
-		for _, v := range values {
+// headerLen is the length of AppendHeader's encoding of h.
+func headerLen(h http.Header) int {
+	n, values := 0, 0
+	for name, vs := range h {
+		n += prefixed(len(name)) + uvarintLen(len(vs))
+		values += len(vs)
+		for _, v := range vs {
 			n += prefixed(len(v))
 		}
 	}
-	return n
+	return n + uvarintLen(len(h)) + uvarintLen(values)
+}
+
+// DecodeHeader decodes what AppendHeader wrote, the whole of b. Its strings
+// share one copy of b, and its values one slice.
+func DecodeHeader(b []byte) (http.Header, error) {
+	d := decoder{b: b, text: string(b)}
+	h := d.header()
+	if d.err || d.i != len(b) {
+		return nil, ErrCorrupt
+	}
+	return h, nil
+}
+
+// DecodeRecord decodes what AppendRecord wrote. The returned body aliases
+// b; the strings share one copy of the record's text.
+func DecodeRecord(b []byte) (*Record, error) {
+	e := Encoded(b)
+	rec := &Record{State: e.State()}
+	if rec.State != InProgress && rec.State != Completed {
+		return nil, ErrCorrupt
+	}
+	copy(rec.Token[:], b[tokenOff:OwnerLen])
+	copy(rec.Fingerprint[:], b[fingerprintOff:createdOff])
+	rec.CreatedAt, rec.ExpiresAt = e.CreatedAt(), e.ExpiresAt()
+	rec.Status = int(binary.BigEndian.Uint16(b[statusOff:flagsOff]))
+	flags := b[flagsOff]
+	rec.Truncated = flags&flagTruncated != 0
+	rec.OutcomeUnknown = flags&flagOutcomeUnknown != 0
+	rec.Sealed = flags&flagSealed != 0
+
+	n, w := binary.Uvarint(b[fixedLen:])
+	start := fixedLen + w
+	if w <= 0 || n > uint64(len(b)-start) {
+		return nil, ErrCorrupt
+	}
+	end := start + int(n)
+	d := decoder{b: b[start:end], text: string(b[start:end])}
+	rec.Endpoint = d.string()
+	rec.Header = d.header()
+	if d.err || d.i != len(d.b) {
+		return nil, ErrCorrupt
+	}
+	if end < len(b) {
+		rec.Body = b[end:]
+	}
+	return rec, nil
 }
 
 // prefixed is the length of a uvarint-prefixed string of n bytes.
@@ -223,129 +263,63 @@ func appendString(dst []byte, s string) []byte {
 	return append(dst, s...)
 }
 
-// DecodeRecord decodes what AppendRecord wrote. The returned body aliases b.
-// Replays decode a record on every request, so the strings (endpoint,
-// header names and values) share one allocation, and the header values one
-// slice: four allocations whatever the number of headers.
-func DecodeRecord(b []byte) (*Record, error) {
-	rec := &Record{State: Encoded(b).State()}
-	if rec.State != InProgress && rec.State != Completed {
-		return nil, ErrCorrupt
-	}
-	copy(rec.Token[:], b[tokenOff:OwnerLen])
-	copy(rec.Fingerprint[:], b[fingerprintOff:createdOff])
-	rec.CreatedAt = Encoded(b).CreatedAt()
-	rec.Status = int(binary.BigEndian.Uint16(b[statusOff:flagsOff]))
-	rec.Truncated = b[flagsOff]&flagTruncated != 0
-	rec.OutcomeUnknown = b[flagsOff]&flagOutcomeUnknown != 0
-	start := fixedLen
-	if b[flagsOff]&flagExpires != 0 {
-		if len(b) < fixedLen+expiresLen {
-			return nil, ErrCorrupt
-		}
-		rec.ExpiresAt = Encoded(b).ExpiresAt()
-		start += expiresLen
-	}
-
-	// Validate, and size the shared string and value slice.
-	d := decoder{b: b[start:]}
-	text := len(d.bytes())
-	headers := d.count()
-	values := 0
-	for range headers {
-		text += len(d.bytes())
-		n := d.count()
-		values += n
-		for range n {
-			text += len(d.bytes())
-		}
-	}
-	if d.err {
-		return nil, ErrCorrupt
-	}
-	if len(d.b) > 0 {
-		rec.Body = d.b
-	}
-
-	// Copy every string into one; the builder was sized to hold them all,
-	// so String does not copy them again.
-	var sb strings.Builder
-	sb.Grow(text)
-	d = decoder{b: b[start:]}
-	sb.Write(d.bytes())
-	for range d.count() {
-		sb.Write(d.bytes())
-		for range d.count() {
-			sb.Write(d.bytes())
-		}
-	}
-	all := sb.String()
-
-	// Then slice it, walking the same fields again.
-	d = decoder{b: b[start:]}
-	next := func() string {
-		n := len(d.bytes())
-		s := all[:n]
-		all = all[n:]
-		return s
-	}
-	rec.Endpoint = next()
-	d.count() // headers, read above
-	if headers > 0 {
-		rec.Header = make(http.Header, headers)
-		vals := make([]string, values)
-		for range headers {
-			name := next()
-			n := d.count()
-			vs := vals[:n:n]
-			vals = vals[n:]
-			for j := range vs {
-				vs[j] = next()
-			}
-			rec.Header[name] = vs
-		}
-	}
-	return rec, nil
-}
-
-// decoder reads uvarint-prefixed fields and remembers the first error, so
-// that the caller checks once.
+// decoder reads the fields of b, slicing its strings from text, a copy of
+// b, and remembers the first error, so that the caller checks once.
 type decoder struct {
-	b   []byte
-	err bool
+	b    []byte
+	text string
+	i    int
+	err  bool
 }
 
-func (d *decoder) uvarint() uint64 {
+// count reads a uvarint count, bounded by the bytes left (every element
+// takes at least one byte), so corrupt input cannot make a huge
+// allocation.
+func (d *decoder) count() int {
 	if d.err {
 		return 0
 	}
-	v, n := binary.Uvarint(d.b)
-	if n <= 0 {
+	v, n := binary.Uvarint(d.b[d.i:])
+	if n <= 0 || v > uint64(len(d.b)-d.i-n) {
 		d.err = true
 		return 0
 	}
-	d.b = d.b[n:]
-	return v
-}
-
-// count reads an element count, bounded by the bytes left (every element
-// takes at least one byte), so corrupt input cannot make a huge allocation.
-func (d *decoder) count() int {
-	v := d.uvarint()
-	if v > uint64(len(d.b)) {
-		d.err = true
-		return 0
-	}
+	d.i += n
 	return int(v)
 }
 
-// bytes reads a length-prefixed field; it aliases the input.
-func (d *decoder) bytes() []byte {
+func (d *decoder) string() string {
 	n := d.count()
 	if d.err {
+		return ""
+	}
+	s := d.text[d.i : d.i+n]
+	d.i += n
+	return s
+}
+
+func (d *decoder) header() http.Header {
+	names, values := d.count(), d.count()
+	if d.err || names == 0 {
 		return nil
 	}
-	s := d.b[:n]
-	d.b = d.b[n:]
-	return s
+	h := make(http.Header, names)
+	vals := make([]string, values)
+	for range names {
+		name := d.string()
+		n := d.count()
+		if n > len(vals) {
+			d.err = true
+		}
+		if d.err {
+			return nil
+		}
+		vs := vals[:n:n]
+		vals = vals[n:]
+		for i := range vs {
+			vs[i] = d.string()
+		}
+		h[name] = vs
+	}
+	return h
 }

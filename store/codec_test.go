@@ -15,9 +15,11 @@ func sampleRecord() *Record {
 		Endpoint:    "POST api.example.com/orders",
 		Fingerprint: Fingerprint{9, 9, 9},
 		CreatedAt:   time.Unix(1700000000, 123456789),
-		Status:      201,
-		Header:      http.Header{"Content-Type": {"application/json"}, "X-Multi": {"a", "", "c"}},
-		Body:        []byte{0, 1, 2, 0xff, '\n'},
+		Response: Response{
+			Status: 201,
+			Header: http.Header{"Content-Type": {"application/json"}, "X-Multi": {"a", "", "c"}},
+			Body:   []byte{0, 1, 2, 0xff, '\n'},
+		},
 	}
 }
 
@@ -25,10 +27,11 @@ func TestRecordRoundTrip(t *testing.T) {
 	for _, rec := range []*Record{
 		sampleRecord(),
 		{State: InProgress, Endpoint: "PATCH h/p", CreatedAt: time.Unix(0, 1)},
-		{State: Completed, Status: 200, Truncated: true, CreatedAt: time.Unix(5, 0)},
-		{State: Completed, OutcomeUnknown: true, CreatedAt: time.Unix(6, 0)},
-		{State: Completed, Status: 200, Truncated: true, OutcomeUnknown: true, CreatedAt: time.Unix(7, 0)},
-		{State: Completed, Status: 201, Body: []byte("x"), CreatedAt: time.Unix(5, 0), ExpiresAt: time.Unix(86405, 7)},
+		{State: Completed, Response: Response{Status: 200, Truncated: true}, CreatedAt: time.Unix(5, 0)},
+		{State: Completed, Response: Response{OutcomeUnknown: true}, CreatedAt: time.Unix(6, 0)},
+		{State: Completed, Response: Response{Status: 200, Truncated: true, OutcomeUnknown: true}, CreatedAt: time.Unix(7, 0)},
+		{State: Completed, Response: Response{Status: 201, Body: []byte("x")}, CreatedAt: time.Unix(5, 0), ExpiresAt: time.Unix(86405, 7)},
+		{State: Completed, Response: Response{Status: 201, Body: []byte("sealed"), Sealed: true}, ExpiresAt: time.Unix(86405, 7)},
 	} {
 		got, err := DecodeRecord(AppendRecord(nil, rec))
 		if err != nil {
@@ -40,17 +43,18 @@ func TestRecordRoundTrip(t *testing.T) {
 	}
 }
 
-// The flags byte is part of the stored format: records written by one
-// version are read by the next, so each flag keeps its bit.
+// The flags byte is part of the stored format, which the Redis store's
+// scripts read too (FlagWatched): each flag keeps its bit.
 func TestFlagBits(t *testing.T) {
 	for _, tc := range []struct {
 		rec   Record
 		flags byte
 	}{
-		{Record{State: Completed, Status: 200}, 0},
-		{Record{State: Completed, Status: 200, Truncated: true}, 1},
-		{Record{State: Completed, OutcomeUnknown: true}, 2},
-		{Record{State: Completed, Truncated: true, OutcomeUnknown: true}, 3},
+		{Record{State: Completed, Response: Response{Status: 200}}, 0},
+		{Record{State: Completed, Response: Response{Status: 200, Truncated: true}}, 1},
+		{Record{State: Completed, Response: Response{OutcomeUnknown: true}}, 2},
+		{Record{State: Completed, Response: Response{Truncated: true, OutcomeUnknown: true}}, 3},
+		{Record{State: Completed, Response: Response{Status: 200, Sealed: true}}, 4},
 	} {
 		if got := AppendRecord(nil, &tc.rec)[flagsOff]; got != tc.flags {
 			t.Errorf("%+v: flags %08b, want %08b", tc.rec, got, tc.flags)
@@ -62,7 +66,7 @@ func TestFlagBits(t *testing.T) {
 // tells must agree with the decoded record.
 func TestOwnerPrefixAndHead(t *testing.T) {
 	tok, other := Token{1, 2, 3}, Token{1, 2, 4}
-	claim := AppendClaim(nil, &Claim{Token: tok, Endpoint: "POST h/p"}, time.Unix(7, 8))
+	claim := AppendClaim(nil, &Claim{Token: tok, Endpoint: "POST h/p", CreatedAt: time.Unix(7, 8)})
 	completed := AppendRecord(nil, &Record{State: Completed, Token: tok, CreatedAt: time.Unix(9, 10)})
 	owner := AppendOwner(nil, tok)
 	if len(owner) != OwnerLen || !bytes.HasPrefix(claim, owner) || bytes.HasPrefix(completed, owner) {
@@ -94,30 +98,21 @@ func TestOwnerPrefixAndHead(t *testing.T) {
 	}
 }
 
-// The expiry is read from the head, where the Redis store's local tier
-// looks for it; a record written without it (as every record was before
-// it existed) has none, and reads the same as before.
+// The expiry is read from the head, where the local tiers look for it: a
+// claim has none.
 func TestExpiresAt(t *testing.T) {
 	at := time.Unix(1700086400, 5)
 	rec := sampleRecord()
-	without := AppendRecord(nil, rec)
 	rec.ExpiresAt = at
-	with := AppendRecord(nil, rec)
-	if len(with) != len(without)+expiresLen {
-		t.Fatalf("the expiry takes %d bytes, want %d", len(with)-len(without), expiresLen)
-	}
-	if got := Encoded(with).ExpiresAt(); !got.Equal(at) {
+	if got := Encoded(AppendRecord(nil, rec)).ExpiresAt(); !got.Equal(at) {
 		t.Errorf("ExpiresAt = %v, want %v", got, at)
 	}
-	if got := Encoded(without).ExpiresAt(); !got.IsZero() {
-		t.Errorf("ExpiresAt of a record without one = %v", got)
+	claim := AppendClaim(nil, &Claim{CreatedAt: time.Unix(1, 0)})
+	if got := Encoded(claim).ExpiresAt(); !got.IsZero() {
+		t.Errorf("ExpiresAt of a claim = %v", got)
 	}
-	old, err := DecodeRecord(without)
-	if err != nil || !old.ExpiresAt.IsZero() || old.Endpoint != rec.Endpoint || string(old.Body) != string(rec.Body) {
-		t.Fatalf("record without expiry decodes to %+v, %v", old, err)
-	}
-	// The flag bits of others (truncated, and any later one) leave it alone.
-	rec.Truncated = true
+	// The flag bits leave it alone.
+	rec.Truncated, rec.Sealed = true, true
 	if got := Encoded(AppendRecord(nil, rec)).ExpiresAt(); !got.Equal(at) {
 		t.Errorf("ExpiresAt of a truncated record = %v, want %v", got, at)
 	}
@@ -125,16 +120,16 @@ func TestExpiresAt(t *testing.T) {
 
 func TestDecodeRefusesCorruptInput(t *testing.T) {
 	good := AppendRecord(nil, sampleRecord())
-	expiring := sampleRecord()
-	expiring.ExpiresAt = time.Unix(1, 0)
-	withExpiry := AppendRecord(nil, expiring)
+	long := append([]byte(nil), good...)
+	long[fixedLen] = 0x7f // a text longer than the record
 	for name, b := range map[string][]byte{
 		"empty":     nil,
 		"short":     good[:fixedLen-1],
 		"magic":     append([]byte{'X'}, good[1:]...),
 		"state":     append([]byte{magic, 7}, good[2:]...),
 		"truncated": good[:fixedLen+3],
-		"expiry":    withExpiry[:fixedLen+expiresLen-1],
+		"text":      long,
+		"no text":   good[:fixedLen],
 	} {
 		if _, err := DecodeRecord(b); err != ErrCorrupt {
 			t.Errorf("%s: DecodeRecord = %v, want ErrCorrupt", name, err)
@@ -144,7 +139,7 @@ func TestDecodeRefusesCorruptInput(t *testing.T) {
 
 func FuzzDecodeRecord(f *testing.F) {
 	f.Add(AppendRecord(nil, sampleRecord()))
-	f.Add(AppendClaim(nil, &Claim{Endpoint: "POST h/p"}, time.Unix(1, 0)))
+	f.Add(AppendClaim(nil, &Claim{Endpoint: "POST h/p", CreatedAt: time.Unix(1, 0)}))
 	f.Add([]byte{magic, byte(Completed)})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		rec, err := DecodeRecord(b)
@@ -157,7 +152,7 @@ func FuzzDecodeRecord(f *testing.F) {
 			t.Fatalf("re-encoding of a decoded record does not decode: %v", err)
 		}
 		if again.State != rec.State || again.Endpoint != rec.Endpoint || again.Status != rec.Status ||
-			again.Truncated != rec.Truncated || again.OutcomeUnknown != rec.OutcomeUnknown ||
+			again.Truncated != rec.Truncated || again.OutcomeUnknown != rec.OutcomeUnknown || again.Sealed != rec.Sealed ||
 			!bytes.Equal(again.Body, rec.Body) || len(again.Header) != len(rec.Header) {
 			t.Fatalf("re-encoding changed the record:\n%+v\n%+v", rec, again)
 		}
@@ -165,31 +160,31 @@ func FuzzDecodeRecord(f *testing.F) {
 }
 
 // Records kept as their encoding (the memory store) are allocated at their
-// exact size: AppendClaim and AppendCompleted size what they grow.
+// exact size: AppendRecord sizes what it grows.
 func TestAppendClaimAndCompletedAreExact(t *testing.T) {
 	long := string(make([]byte, 300)) // a two-byte length prefix
 	c := &Claim{Token: Token{1}, Endpoint: long, Fingerprint: Fingerprint{2}, CreatedAt: time.Unix(3, 0)}
-	resp := &Record{Status: 201, Body: []byte("{}"), Truncated: true, OutcomeUnknown: true, ExpiresAt: time.Unix(4, 0), Header: http.Header{
+	expires := time.Unix(4, 0)
+	resp := &Response{Status: 201, Body: []byte("{}"), Truncated: true, OutcomeUnknown: true, Header: http.Header{
 		"Content-Type": {"application/json"},
 		"Set-Cookie":   {"a=1", long, ""},
 		"X-Empty":      {},
 	}}
-	claim := AppendClaim(nil, c, c.CreatedAt)
+	claim := AppendClaim(nil, c)
 	want := AppendRecord(nil, &Record{State: InProgress, Token: c.Token, Endpoint: c.Endpoint,
 		Fingerprint: c.Fingerprint, CreatedAt: c.CreatedAt})
 	if !bytes.Equal(claim, want) || cap(claim) != len(claim) {
 		t.Errorf("AppendClaim: %d bytes (cap %d), want the %d of AppendRecord exactly", len(claim), cap(claim), len(want))
 	}
-	done := AppendCompleted([]byte("prefix"), c, resp)
+	done := AppendCompleted([]byte("prefix"), c, resp, expires)
 	want = AppendRecord([]byte("prefix"), &Record{State: Completed, Token: c.Token, Endpoint: c.Endpoint,
-		Fingerprint: c.Fingerprint, CreatedAt: c.CreatedAt, Status: 201, Header: resp.Header, Body: resp.Body, Truncated: true, OutcomeUnknown: true,
-		ExpiresAt: resp.ExpiresAt})
+		Fingerprint: c.Fingerprint, CreatedAt: c.CreatedAt, Response: *resp, ExpiresAt: expires})
 	if cap(done) != len(done) || len(done) != len(want) {
 		t.Errorf("AppendCompleted: %d bytes (cap %d), want %d exactly", len(done), cap(done), len(want))
 	}
 	got, err := DecodeRecord(done[len("prefix"):])
 	if err != nil || got.State != Completed || got.Token != c.Token || got.Endpoint != long || got.Fingerprint != c.Fingerprint ||
-		!got.CreatedAt.Equal(c.CreatedAt) || got.Status != 201 || !got.Truncated || !got.OutcomeUnknown || string(got.Body) != "{}" || !got.ExpiresAt.Equal(resp.ExpiresAt) ||
+		!got.CreatedAt.Equal(c.CreatedAt) || got.Status != 201 || !got.Truncated || !got.OutcomeUnknown || string(got.Body) != "{}" || !got.ExpiresAt.Equal(expires) ||
 		len(got.Header) != 3 || got.Header["Set-Cookie"][1] != long || len(got.Header["X-Empty"]) != 0 {
 		t.Fatalf("AppendCompleted decodes to %+v, %v", got, err)
 	}
@@ -198,8 +193,8 @@ func TestAppendClaimAndCompletedAreExact(t *testing.T) {
 // The watched flag is set in place on a stored claim by a store's script;
 // the claim must read the same with it, and its owner prefix be unchanged.
 func TestWatchedFlagIsIgnoredByDecoding(t *testing.T) {
-	c := &Claim{Token: Token{7}, Endpoint: "POST h/p", Fingerprint: Fingerprint{8}}
-	plain := AppendClaim(nil, c, time.Unix(9, 0))
+	c := &Claim{Token: Token{7}, Endpoint: "POST h/p", Fingerprint: Fingerprint{8}, CreatedAt: time.Unix(9, 0)}
+	plain := AppendClaim(nil, c)
 	watched := append([]byte(nil), plain...)
 	watched[FlagsOffset] |= FlagWatched
 	a, errA := DecodeRecord(plain)
@@ -209,5 +204,45 @@ func TestWatchedFlagIsIgnoredByDecoding(t *testing.T) {
 	}
 	if !Encoded(watched).ClaimedBy(c.Token) || !Encoded(watched).ExpiresAt().IsZero() {
 		t.Fatal("the watched flag changed what the head tells")
+	}
+}
+
+// Headers hold any bytes, and decode with their strings sharing one copy:
+// DecodeHeader is what the PostgreSQL store reads its headers column with.
+func TestHeaderRoundTrip(t *testing.T) {
+	for _, h := range []http.Header{
+		nil,
+		{"Content-Type": {"application/json"}},
+		{"X-Bytes": {"\x00\xff\n\"\\", ""}, "X-None": {}, "": {"empty name"}},
+	} {
+		got, err := DecodeHeader(AppendHeader(nil, h))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(h) == 0 {
+			if got != nil {
+				t.Errorf("empty header decodes to %v", got)
+			}
+			continue
+		}
+		if !reflect.DeepEqual(got, h) {
+			t.Errorf("round trip: got %q, want %q", got, h)
+		}
+	}
+	b := AppendHeader(nil, http.Header{"A": {"b"}})
+	for name, bad := range map[string][]byte{"short": b[:len(b)-1], "long": append(b, 0), "empty": nil} {
+		if _, err := DecodeHeader(bad); err == nil {
+			t.Errorf("%s: DecodeHeader accepted %x", name, bad)
+		}
+	}
+}
+
+func BenchmarkDecodeRecord(b *testing.B) {
+	enc := AppendRecord(nil, sampleRecord())
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := DecodeRecord(enc); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

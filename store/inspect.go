@@ -3,7 +3,6 @@ package store
 import (
 	"context"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 )
@@ -36,7 +35,7 @@ type Inspector interface {
 
 // Summary is what a listing tells of a record: everything but the owner
 // token, the fingerprint, the headers and the body, whose size alone is
-// given.
+// given (of a sealed body, the size of what is stored).
 type Summary struct {
 	State     State
 	Endpoint  string
@@ -55,28 +54,10 @@ func Summarize(rec *Record) Summary {
 		Endpoint:       rec.Endpoint,
 		CreatedAt:      rec.CreatedAt,
 		Status:         rec.Status,
-		BodySize:       bodySize(rec),
+		BodySize:       len(rec.Body),
 		Truncated:      rec.Truncated,
 		OutcomeUnknown: rec.OutcomeUnknown,
 	}
-}
-
-// SealedHeader is the header under which the handler's encryption at
-// rest (encryption_keys) notes, in a completed record, that the record's
-// Body holds its response's headers and body sealed: "<format> <key id>
-// <body size>". No HTTP header can have this name.
-const SealedHeader = ":idempotency-sealed"
-
-// bodySize is the size of rec's response body, sealed or not.
-func bodySize(rec *Record) int {
-	if v := rec.Header[SealedHeader]; len(v) == 1 {
-		if i := strings.LastIndexByte(v[0], ' '); i >= 0 {
-			if n, err := strconv.Atoi(v[0][i+1:]); err == nil {
-				return n
-			}
-		}
-	}
-	return len(rec.Body)
 }
 
 // Entry is one record of a listing.

@@ -8,8 +8,8 @@ import (
 
 func TestSummarize(t *testing.T) {
 	created := time.Unix(1700000000, 0)
-	s := Summarize(&Record{State: Completed, Endpoint: "POST h/p", CreatedAt: created, Status: 201,
-		Header: http.Header{"A": {"b"}}, Body: []byte("12345"), Truncated: true})
+	s := Summarize(&Record{State: Completed, Endpoint: "POST h/p", CreatedAt: created,
+		Response: Response{Status: 201, Header: http.Header{"A": {"b"}}, Body: []byte("12345"), Truncated: true}})
 	want := Summary{State: Completed, Endpoint: "POST h/p", CreatedAt: created, Status: 201, BodySize: 5, Truncated: true}
 	if s != want {
 		t.Fatalf("Summarize = %+v, want %+v", s, want)

@@ -10,10 +10,10 @@ import (
 // fake is a Store that does nothing, for the registry's tests.
 type fake struct{ id int }
 
-func (*fake) Acquire(context.Context, Key, *Claim) (*Record, error)               { return nil, nil }
-func (*fake) Complete(context.Context, Key, *Claim, *Record, time.Duration) error { return nil }
-func (*fake) Release(context.Context, Key, Token) error                           { return nil }
-func (*fake) Renew(context.Context, Key, Token, time.Duration) error              { return nil }
+func (*fake) Acquire(context.Context, Key, *Claim) (Acquired, error)                { return Acquired{}, nil }
+func (*fake) Complete(context.Context, Key, *Claim, *Response, time.Duration) error { return nil }
+func (*fake) Release(context.Context, Key, Token) error                             { return nil }
+func (*fake) Renew(context.Context, Key, Token, time.Duration) error                { return nil }
 
 // registered returns the store registered under name, or nil.
 func registered(name string) Store {

@@ -82,53 +82,69 @@ func (s State) String() string {
 	return "unknown"
 }
 
-// Record is what a store keeps for one key.
-type Record struct {
-	State State
-	// Token is the owner of an in-progress claim.
-	Token Token
-	// Endpoint is the method, host and path the key was first used with.
-	Endpoint string
-	// Fingerprint of the first request's query and body.
-	Fingerprint Fingerprint
-	// CreatedAt is when the key was claimed.
-	CreatedAt time.Time
-	// Status, Header and Body are the stored response of a completed record.
+// Response is the answer that Complete keeps for a claim, and that a
+// completed record replays.
+type Response struct {
 	Status int
 	Header http.Header
 	Body   []byte
-	// Truncated marks a completed request whose response exceeded the
-	// handler's max_response_body: it ran, but cannot be replayed.
+	// Truncated marks a request that ran but whose response cannot be
+	// replayed: it outgrew the handler's max_response_body, or broke off.
+	// Status is the one sent; Header and Body are empty.
 	Truncated bool
-	// OutcomeUnknown marks a completed request that was sent to the
-	// upstream but never answered (the connection broke, a timeout, the
-	// work was cancelled): it may have been carried out, so it is not run
-	// again, and there is no response to replay. Status, Header and Body
-	// are empty.
+	// OutcomeUnknown marks a request that was sent to the upstream but
+	// never answered (the connection broke, a timeout, the work was
+	// cancelled): it may have been carried out, so it is not run again,
+	// and there is nothing to replay. Status, Header and Body are empty.
 	OutcomeUnknown bool
-	// ExpiresAt is when a completed record expires, if its store notes it
-	// for a local tier: the Redis store writes it into the record by the
-	// clock of the instance that completed it; the PostgreSQL store's tier
-	// notes it by this instance's clock. Zero otherwise.
+	// Sealed marks a response that the handler encrypted (encryption_keys):
+	// Header is empty and Body holds the sealed headers and body, which
+	// stores keep as they keep any body.
+	Sealed bool
+}
+
+// Record is what a store keeps for one key: the claim's binding and, once
+// completed, its response.
+type Record struct {
+	State State
+	// Token is the owner of the claim.
+	Token Token
+	// Endpoint is what the key was first used for (the handler binds it to
+	// method, host and path by default).
+	Endpoint string
+	// Fingerprint of the first request's payload.
+	Fingerprint Fingerprint
+	// CreatedAt is when the key was claimed (Claim.CreatedAt).
+	CreatedAt time.Time
+	// Response is what a completed record replays.
+	Response
+	// ExpiresAt is when a completed record expires, by the clock of the
+	// instance that completed it or, for a store that keeps expiry itself,
+	// that read it; zero for a claim.
 	ExpiresAt time.Time
 }
 
-// Claim describes the request that wants to own a key.
+// Claim is the request that asks for a key. A store reads it and never
+// writes it.
 type Claim struct {
 	Token       Token
 	Endpoint    string
 	Fingerprint Fingerprint
+	// CreatedAt is when the handler made the claim, before Acquire was
+	// sent; the record keeps it.
+	CreatedAt time.Time
 	// Lease is how long the claim holds without renewal: if its owner
 	// dies, another request may take the key over once it has passed.
 	Lease time.Duration
+}
 
-	// CreatedAt is set by Acquire when it records the claim: when the key
-	// was claimed, by the store's clock. Complete keeps it in the record.
-	CreatedAt time.Time
-
-	// TookOver is set by Acquire when the claim replaced an in-progress
-	// claim whose lease had passed (its owner died or stalled). Stores that
-	// cannot tell (Redis expires claims by itself) leave it false.
+// Acquired is what became of a claim: either it holds the key (Record is
+// nil), or the key has a live Record, which the claim left as it was.
+type Acquired struct {
+	Record *Record
+	// TookOver is set when the claim replaced an in-progress claim whose
+	// lease had passed (its owner died or stalled). Stores that cannot tell
+	// (Redis expires claims by itself) leave it false.
 	TookOver bool
 }
 
@@ -138,17 +154,14 @@ type Claim struct {
 type Store interface {
 	// Acquire claims key for c if no live record exists (none, or an
 	// in-progress claim whose lease has passed, or a completed record past
-	// its TTL) and returns nil. Otherwise it returns the live record,
-	// unchanged, and c is not recorded.
-	Acquire(ctx context.Context, key Key, c *Claim) (*Record, error)
+	// its TTL). Otherwise it returns the live record, unchanged.
+	Acquire(ctx context.Context, key Key, c *Claim) (Acquired, error)
 
-	// Complete replaces the claim c, as Acquire recorded it, with the
-	// completed response in rec (Status, Header, Body, Truncated,
-	// OutcomeUnknown), kept for ttl. The record keeps the claim's binding:
-	// its Endpoint, Fingerprint and CreatedAt, which stores that hold
-	// records as one value take from c rather than read back. ErrNotOwner
-	// if c.Token no longer holds the claim.
-	Complete(ctx context.Context, key Key, c *Claim, rec *Record, ttl time.Duration) error
+	// Complete replaces the claim c, as Acquire recorded it, with resp,
+	// kept for ttl. The record keeps the claim's binding (its Endpoint,
+	// Fingerprint and CreatedAt). ErrNotOwner if c.Token no longer holds
+	// the claim.
+	Complete(ctx context.Context, key Key, c *Claim, resp *Response, ttl time.Duration) error
 
 	// Release deletes the claim held by token, so that a retry runs anew.
 	// ErrNotOwner if token no longer holds the claim.

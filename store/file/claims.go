@@ -70,12 +70,12 @@ func (e *held) alive(n int64) bool { return e.storing || n < e.expires }
 
 // take claims k for c at t unless it is held, in which case it returns the
 // holder's record. tookOver is whether the claim replaced one whose lease
-// had passed, here or, as deadOnDisk says, in the file. gen is what
-// generation returned before the caller read the file; stale reports that
-// a completion of k's shard has been committed since, which that read may
-// have missed: nothing is claimed, and the caller must read the file again.
-func (cs *claims) take(k store.Key, c *store.Claim, t time.Time, deadOnDisk bool, gen uint64) (holder store.Encoded, tookOver, stale bool, err error) {
-	blob := store.AppendClaim(nil, c, t) // outside the lock: it needs nothing from it
+// had passed. gen is what generation returned before the caller read the
+// file; stale reports that a completion of k's shard has been committed
+// since, which that read may have missed: nothing is claimed, and the
+// caller must read the file again.
+func (cs *claims) take(k store.Key, c *store.Claim, t time.Time, gen uint64) (holder store.Encoded, tookOver, stale bool, err error) {
+	blob := store.AppendClaim(nil, c) // outside the lock: it needs nothing from it
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	if cs.closed {
@@ -89,7 +89,7 @@ func (cs *claims) take(k store.Key, c *store.Claim, t time.Time, deadOnDisk bool
 		return nil, false, true, nil
 	}
 	cs.byKey[k] = &held{blob: blob, expires: t.Add(c.Lease).UnixNano()}
-	return nil, old != nil || deadOnDisk, false, nil
+	return nil, old != nil, false, nil
 }
 
 // owned returns k's claim if tok holds it at n. The caller holds the lock.

@@ -16,7 +16,7 @@ func TestClaimsPinnedDuringCompletion(t *testing.T) {
 	cs := newClaims()
 	k, c := storetest.NewKey(), claim(time.Second)
 	t0 := time.Now()
-	if holder, _, stale, err := cs.take(k, c, t0, false, cs.generation(k)); holder != nil || stale || err != nil {
+	if holder, _, stale, err := cs.take(k, c, t0, cs.generation(k)); holder != nil || stale || err != nil {
 		t.Fatalf("take = %v, stale %v, %v", holder, stale, err)
 	}
 	e, err := cs.pin(k, c.Token, t0)
@@ -24,7 +24,7 @@ func TestClaimsPinnedDuringCompletion(t *testing.T) {
 		t.Fatal(err)
 	}
 	late := t0.Add(time.Minute)
-	if holder, _, _, _ := cs.take(k, claim(time.Second), late, false, cs.generation(k)); !holder.ClaimedBy(c.Token) {
+	if holder, _, _, _ := cs.take(k, claim(time.Second), late, cs.generation(k)); !holder.ClaimedBy(c.Token) {
 		t.Fatal("a claim being completed was taken over after its lease")
 	}
 	if err := cs.release(k, c.Token, t0); !errors.Is(err, store.ErrNotOwner) {
@@ -59,26 +59,26 @@ func TestClaimsStaleBehindACompletion(t *testing.T) {
 	other := k
 	other[0]++
 	t0 := time.Now()
-	cs.take(k, owner, t0, false, cs.generation(k))
+	cs.take(k, owner, t0, cs.generation(k))
 	gen, otherGen := cs.generation(k), cs.generation(other)
 	e, err := cs.pin(k, owner.Token, t0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if holder, _, stale, _ := cs.take(k, claim(time.Minute), t0, false, gen); !holder.ClaimedBy(owner.Token) || stale {
+	if holder, _, stale, _ := cs.take(k, claim(time.Minute), t0, gen); !holder.ClaimedBy(owner.Token) || stale {
 		t.Fatal("a claim being completed was not returned as the key's holder")
 	}
 	cs.settle(k, e, true)
-	if holder, _, stale, _ := cs.take(k, claim(time.Minute), t0, false, gen); holder != nil || !stale {
+	if holder, _, stale, _ := cs.take(k, claim(time.Minute), t0, gen); holder != nil || !stale {
 		t.Fatalf("take behind a committed completion = %v, stale %v; want stale", holder, stale)
 	}
 	if _, _, ok, _ := cs.lookup(k, t0); ok {
 		t.Fatal("a stale take claimed the key")
 	}
-	if holder, _, stale, _ := cs.take(other, claim(time.Minute), t0, false, otherGen); holder != nil || stale {
+	if holder, _, stale, _ := cs.take(other, claim(time.Minute), t0, otherGen); holder != nil || stale {
 		t.Fatalf("take of another shard = %v, stale %v; want a claim", holder, stale)
 	}
-	if holder, _, stale, _ := cs.take(k, claim(time.Minute), t0, false, cs.generation(k)); holder != nil || stale {
+	if holder, _, stale, _ := cs.take(k, claim(time.Minute), t0, cs.generation(k)); holder != nil || stale {
 		t.Fatalf("take after reading the file again = %v, stale %v; want a claim", holder, stale)
 	}
 }
@@ -89,7 +89,7 @@ func TestClaimsRemovedDuringCompletion(t *testing.T) {
 	cs := newClaims()
 	k, c := storetest.NewKey(), claim(time.Minute)
 	t0 := time.Now()
-	cs.take(k, c, t0, false, cs.generation(k))
+	cs.take(k, c, t0, cs.generation(k))
 	e, err := cs.pin(k, c.Token, t0)
 	if err != nil {
 		t.Fatal(err)
@@ -98,7 +98,7 @@ func TestClaimsRemovedDuringCompletion(t *testing.T) {
 		t.Fatalf("remove = %v, %v", found, err)
 	}
 	next := claim(time.Minute)
-	if holder, _, _, _ := cs.take(k, next, t0, false, cs.generation(k)); holder != nil {
+	if holder, _, _, _ := cs.take(k, next, t0, cs.generation(k)); holder != nil {
 		t.Fatal("the purged key is still held")
 	}
 	cs.settle(k, e, true)
@@ -111,20 +111,17 @@ func TestClaimsTakeoverAndSweep(t *testing.T) {
 	cs := newClaims()
 	k := storetest.NewKey()
 	t0 := time.Now()
-	cs.take(k, claim(time.Second), t0, false, cs.generation(k))
-	_, took, _, _ := cs.take(k, claim(time.Second), t0.Add(2*time.Second), false, cs.generation(k))
+	cs.take(k, claim(time.Second), t0, cs.generation(k))
+	_, took, _, _ := cs.take(k, claim(time.Second), t0.Add(2*time.Second), cs.generation(k))
 	if !took {
 		t.Fatal("replacing a claim past its lease was not a takeover")
-	}
-	if _, took, _, _ := cs.take(storetest.NewKey(), claim(time.Second), t0, true, 0); !took {
-		t.Fatal("replacing a dead claim in the file was not a takeover")
 	}
 	cs.sweep(t0.Add(time.Minute))
 	if len(cs.byKey) != 0 {
 		t.Fatalf("%d claims left after sweeping past every lease", len(cs.byKey))
 	}
 	cs.close()
-	if _, _, _, err := cs.take(k, claim(time.Second), t0, false, cs.generation(k)); !errors.Is(err, errClosed) {
+	if _, _, _, err := cs.take(k, claim(time.Second), t0, cs.generation(k)); !errors.Is(err, errClosed) {
 		t.Fatalf("take once closed = %v", err)
 	}
 	if err := cs.release(k, storetest.NewToken(), t0); !errors.Is(err, errClosed) {

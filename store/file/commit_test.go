@@ -156,16 +156,16 @@ func TestGroupCommitWritesApplyInOrder(t *testing.T) {
 // is for (one fsync per transaction, shared by the writers waiting on it).
 func BenchmarkParallelNewKeys(b *testing.B) {
 	s := storetest.Provision(b, &Store{Path: b.TempDir()})
-	rec := &store.Record{Status: 201, Body: []byte(`{"ok":true}`)}
+	resp := &store.Response{Status: 201, Body: []byte(`{"ok":true}`)}
 	b.SetParallelism(8) // 16 goroutines on 2 CPUs
 	b.RunParallel(func(pb *testing.PB) {
 		ctx := context.Background()
 		for pb.Next() {
-			k, c := storetest.NewKey(), &store.Claim{Token: storetest.NewToken(), Endpoint: "POST h/p", Lease: time.Minute}
-			if got, err := s.Acquire(ctx, k, c); got != nil || err != nil {
-				b.Fatalf("Acquire = %v, %v", got, err)
+			k, c := storetest.NewKey(), &store.Claim{Token: storetest.NewToken(), Endpoint: "POST h/p", CreatedAt: time.Now(), Lease: time.Minute}
+			if got, err := s.Acquire(ctx, k, c); got.Record != nil || err != nil {
+				b.Fatalf("Acquire = %v, %v", got.Record, err)
 			}
-			if err := s.Complete(ctx, k, c, rec, time.Hour); err != nil {
+			if err := s.Complete(ctx, k, c, resp, time.Hour); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -43,7 +43,7 @@ func TestSweepDeletesExpiredInBatches(t *testing.T) {
 			if _, err := s.Acquire(ctx, k, c); err != nil {
 				t.Fatal(err)
 			}
-			if err := s.Complete(ctx, k, c, &store.Record{Status: 200}, ttl); err != nil {
+			if err := s.Complete(ctx, k, c, &store.Response{Status: 200}, ttl); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -90,7 +90,7 @@ func TestSweeperRunsAndStops(t *testing.T) {
 	if _, err := s.Acquire(ctx, k, c); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Complete(ctx, k, c, &store.Record{Status: 200}, time.Millisecond); err != nil {
+	if err := s.Complete(ctx, k, c, &store.Response{Status: 200}, time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.Acquire(ctx, storetest.NewKey(), claim(time.Millisecond)); err != nil {

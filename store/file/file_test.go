@@ -21,7 +21,7 @@ func tryProvision(s *Store) error {
 }
 
 func claim(lease time.Duration) *store.Claim {
-	return &store.Claim{Token: storetest.NewToken(), Endpoint: "POST example.com/orders", Lease: lease}
+	return &store.Claim{Token: storetest.NewToken(), Endpoint: "POST example.com/orders", CreatedAt: time.Now(), Lease: lease}
 }
 
 func TestUnavailableOnceClosed(t *testing.T) {
@@ -58,8 +58,8 @@ func TestSharedAcrossReloads(t *testing.T) {
 	}
 	a.Cleanup()
 	a.Cleanup() // idempotent
-	if rec, err := b.Acquire(context.Background(), k, claim(time.Minute)); err != nil || rec == nil || rec.Token != c.Token {
-		t.Fatalf("the new config lost the claim made under the old one: %+v, %v", rec, err)
+	if got, err := b.Acquire(context.Background(), k, claim(time.Minute)); err != nil || got.Record == nil || got.Record.Token != c.Token {
+		t.Fatalf("the new config lost the claim made under the old one: %+v, %v", got.Record, err)
 	}
 }
 

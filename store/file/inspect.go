@@ -1,7 +1,6 @@
 package file
 
 import (
-	"bytes"
 	"context"
 	"time"
 
@@ -32,21 +31,14 @@ func (s *Store) Lookup(ctx context.Context, key store.Key) (*store.Record, time.
 		}
 		return rec, time.Unix(0, exp), nil
 	}
-	var rec *store.Record
-	var expires time.Time
-	err = s.db.View(func(tx *bolt.Tx) error {
-		var err error
-		b := tx.Bucket(records)
-		if rec, err = liveRecord(b, key, now()); err != nil || rec == nil {
-			return err
-		}
-		expires = time.Unix(0, expiresAt(b.Get(key[:])))
-		return nil
-	})
+	rec, err := s.db.onDisk(key)
 	if err != nil {
 		return nil, time.Time{}, store.Unavailable("looking up", err)
 	}
-	return rec, expires, nil
+	if rec == nil {
+		return nil, time.Time{}, nil
+	}
+	return rec, rec.ExpiresAt, nil
 }
 
 // Delete removes key's claim and its record in the file, whoever owns
@@ -76,10 +68,7 @@ func (s *Store) Delete(ctx context.Context, key store.Key) (bool, error) {
 	return found, nil
 }
 
-// InFlight lists the claims in memory, then walks the whole bucket with a
-// cursor in one read-only transaction, which writers do not wait for, for
-// the claims an older version of this store left in the file until their
-// lease passes. It reads only the fixed head of each value.
+// InFlight lists the claims in memory, where every claim of the file is.
 func (s *Store) InFlight(ctx context.Context, olderThan time.Duration, limit int) ([]store.Entry, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, store.Unavailable("listing claims", err)
@@ -88,8 +77,7 @@ func (s *Store) InFlight(ctx context.Context, olderThan time.Duration, limit int
 		return nil, nil
 	}
 	t := now()
-	cutoff := t.Add(-olderThan)
-	inMemory, err := s.db.claims.list(t, cutoff)
+	inMemory, err := s.db.claims.list(t, t.Add(-olderThan))
 	if err != nil {
 		return nil, store.Unavailable("listing claims", err)
 	}
@@ -100,30 +88,6 @@ func (s *Store) InFlight(ctx context.Context, olderThan time.Duration, limit int
 			return nil, err
 		}
 		out = append(out, store.Entry{Key: k, Summary: store.Summarize(rec), ExpiresAt: time.Unix(0, e.expires)})
-	}
-	err = s.db.View(func(tx *bolt.Tx) error {
-		c := tx.Bucket(records).Cursor()
-		scanned := 0
-		for k, v := c.First(); k != nil; k, v = c.Next() {
-			if scanned++; scanned%4096 == 0 && ctx.Err() != nil {
-				return ctx.Err()
-			}
-			head := encoded(v)
-			if len(k) != len(store.Key{}) || head.State() != store.InProgress || !live(v, t) || head.CreatedAt().After(cutoff) {
-				continue
-			}
-			rec, err := store.DecodeRecord(bytes.Clone(head))
-			if err != nil {
-				continue // not a record this store wrote: leave it to Lookup to report
-			}
-			e := store.Entry{Summary: store.Summarize(rec), ExpiresAt: time.Unix(0, expiresAt(v))}
-			copy(e.Key[:], k)
-			out = append(out, e)
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, store.Unavailable("listing claims", err)
 	}
 	return store.SortEntries(out, limit), nil
 }

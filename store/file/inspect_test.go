@@ -54,23 +54,31 @@ func TestRegistered(t *testing.T) {
 	}
 }
 
-// InFlight skips values it did not write and reads claims whose endpoint is
-// long.
-func TestInFlightSkipsForeignValues(t *testing.T) {
+// InFlight lists the claims in memory, whatever the length of their
+// endpoint, and nothing from the file: neither completed records nor
+// values this store did not write, such as one with an in-progress state
+// byte but no magic.
+func TestInFlightListsOnlyClaims(t *testing.T) {
 	s := storetest.Provision(t, &Store{Path: t.TempDir()})
 	ctx := context.Background()
 	k := storetest.NewKey()
 	c := claim(time.Minute)
 	c.Endpoint = "POST example.com/" + strings.Repeat("x", 5000)
-	if rec, err := s.Acquire(ctx, k, c); rec != nil || err != nil {
-		t.Fatal(rec, err)
+	if got, err := s.Acquire(ctx, k, c); got.Record != nil || err != nil {
+		t.Fatal(got.Record, err)
+	}
+	done, dc := storetest.NewKey(), claim(time.Minute)
+	if _, err := s.Acquire(ctx, done, dc); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Complete(ctx, done, dc, &store.Response{Status: 201}, time.Hour); err != nil {
+		t.Fatal(err)
 	}
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(records)
-		// A far expiry and an in-progress state byte, but no magic.
 		bad := bytes.Repeat([]byte{0xff}, 100)
 		bad[0] = 0x7f
-		bad[expiryLen+1] = byte(store.InProgress) // where the codec keeps the state
+		bad[1] = byte(store.InProgress) // where the codec keeps the state
 		for key, v := range map[string][]byte{"short-key": bad, strings.Repeat("k", 32): []byte("x"), strings.Repeat("j", 32): bad} {
 			if err := b.Put([]byte(key), v); err != nil {
 				return err

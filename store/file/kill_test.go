@@ -74,15 +74,14 @@ func TestCompletedRecordSurvivesSIGKILL(t *testing.T) {
 	// The kernel dropped the child's lock: this must not time out.
 	s := storetest.Provision(t, &Store{Path: dir})
 	ctx := context.Background()
-	rec, err := s.Acquire(ctx, doneKey, claim(time.Minute))
-	if err != nil || rec == nil || rec.State != store.Completed || rec.Status != 201 || string(rec.Body) != "survived" {
+	got, err := s.Acquire(ctx, doneKey, claim(time.Minute))
+	if rec := got.Record; err != nil || rec == nil || rec.State != store.Completed || rec.Status != 201 || string(rec.Body) != "survived" {
 		t.Fatalf("completed record after SIGKILL = %+v, %v", rec, err)
 	}
 	// The child's claim was in its memory and died with it: the key is
 	// free at once, as the guarantees allow after a crash.
-	c := claim(time.Minute)
-	if rec, err := s.Acquire(ctx, heldKey, c); rec != nil || err != nil || c.TookOver {
-		t.Fatalf("the dead child's key = %+v, %v, TookOver %v; want a new claim", rec, err, c.TookOver)
+	if got, err := s.Acquire(ctx, heldKey, claim(time.Minute)); got.Record != nil || err != nil || got.TookOver {
+		t.Fatalf("the dead child's key = %+v, %v; want a new claim", got, err)
 	}
 }
 
@@ -95,7 +94,7 @@ func runChild(t *testing.T, dir string) {
 	if _, err := s.Acquire(ctx, done, c); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Complete(ctx, done, c, &store.Record{Status: 201, Body: []byte("survived")}, time.Hour); err != nil {
+	if err := s.Complete(ctx, done, c, &store.Response{Status: 201, Body: []byte("survived")}, time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	held := storetest.NewKey()

@@ -2,7 +2,6 @@ package file
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"time"
 
@@ -11,77 +10,62 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
-// deadClaim reports whether v is an in-progress claim whose lease has
-// passed. Claims are no longer written to the file; this one was left by
-// an older version of this store, whose process died while it held it.
-func deadClaim(v []byte, t time.Time) bool {
-	return !live(v, t) && encoded(v).State() == store.InProgress
-}
-
 // onDisk reads key's live record from the file in a read-only
-// transaction, which neither takes the writer lock nor syncs, and reports
-// whether the file holds a dead claim of key instead.
-func (d *database) onDisk(key store.Key) (rec *store.Record, dead bool, err error) {
+// transaction, which neither takes the writer lock nor syncs.
+func (d *database) onDisk(key store.Key) (rec *store.Record, err error) {
 	err = d.View(func(tx *bolt.Tx) error {
-		b, t := tx.Bucket(records), now()
-		if rec, err = liveRecord(b, key, t); err != nil || rec != nil {
-			return err
-		}
-		dead = deadClaim(b.Get(key[:]), t)
-		return nil
+		rec, err = liveRecord(tx.Bucket(records), key, now())
+		return err
 	})
-	return rec, dead, err
+	return rec, err
 }
 
 // Acquire claims key for c unless a live record exists: a completed record
-// in the file (or a claim that an older version left there, until its
-// lease passes), or a claim in memory. The claim itself is made in memory
+// in the file, or a claim in memory. The claim itself is made in memory
 // and costs no sync.
 //
 // An owner commits its completion before it drops its claim, and counts it
 // as it does (claims.settle), so the claim is made only if no completion of
 // the key's shard was counted since before the file was read: one that
 // was is in the file, and the file is read again.
-func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (*store.Record, error) {
-	c.TookOver = false
+func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (store.Acquired, error) {
 	for {
 		if err := ctx.Err(); err != nil {
-			return nil, store.Unavailable("acquiring", err)
+			return store.Acquired{}, store.Unavailable("acquiring", err)
 		}
 		gen := s.db.claims.generation(key)
-		rec, dead, err := s.db.onDisk(key)
+		rec, err := s.db.onDisk(key)
 		if err != nil {
-			return nil, store.Unavailable("acquiring", err)
+			return store.Acquired{}, store.Unavailable("acquiring", err)
 		}
 		if rec != nil {
-			return rec, nil
+			return store.Acquired{Record: rec}, nil
 		}
-		t := now()
-		holder, tookOver, stale, err := s.db.claims.take(key, c, t, dead, gen)
+		holder, tookOver, stale, err := s.db.claims.take(key, c, now(), gen)
 		if err != nil {
-			return nil, store.Unavailable("acquiring", err)
+			return store.Acquired{}, store.Unavailable("acquiring", err)
 		}
 		if stale {
 			continue
 		}
 		if holder != nil {
-			return store.DecodeRecord(holder)
+			rec, err := store.DecodeRecord(holder)
+			if err != nil {
+				return store.Acquired{}, err
+			}
+			return store.Acquired{Record: rec}, nil
 		}
-		c.TookOver, c.CreatedAt = tookOver, t
-		return nil, nil
+		return store.Acquired{TookOver: tookOver}, nil
 	}
 }
 
-// Complete writes rec, kept for ttl under c's binding, to the file if c
+// Complete writes resp, kept for ttl under c's binding, to the file if c
 // still holds the key, then drops the claim. Concurrent completions share
 // one commit (group commit).
-func (s *Store) Complete(ctx context.Context, key store.Key, c *store.Claim, rec *store.Record, ttl time.Duration) error {
+func (s *Store) Complete(ctx context.Context, key store.Key, c *store.Claim, resp *store.Response, ttl time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		return store.Unavailable("completing", err)
 	}
-	// Encoded before the transaction, which holds the single writer lock;
-	// the expiry is set inside it.
-	v := store.AppendCompleted(expiry(time.Time{}), c, rec)
 	var pinned *held
 	err := s.db.writes.update(func(tx *bolt.Tx) error {
 		t := now()
@@ -89,8 +73,10 @@ func (s *Store) Complete(ctx context.Context, key store.Key, c *store.Claim, rec
 		if pinned, err = s.db.claims.pin(key, c.Token, t); err != nil {
 			return err
 		}
-		binary.BigEndian.PutUint64(v, uint64(t.Add(ttl).UnixNano()))
-		return tx.Bucket(records).Put(key[:], v)
+		// Encoded here rather than before the transaction: the expiry is
+		// taken with the owner check, so that the wait for the writer
+		// lock does not shorten the TTL.
+		return tx.Bucket(records).Put(key[:], store.AppendCompleted(nil, c, resp, t.Add(ttl)))
 	})
 	if pinned != nil {
 		s.db.claims.settle(key, pinned, err == nil)

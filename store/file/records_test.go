@@ -29,7 +29,7 @@ func TestPersistence(t *testing.T) {
 	if _, err := s.Acquire(ctx, done, doneClaim); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Complete(ctx, done, doneClaim, &store.Record{Status: 201, Body: []byte("kept")}, time.Hour); err != nil {
+	if err := s.Complete(ctx, done, doneClaim, &store.Response{Status: 201, Body: []byte("kept")}, time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.Acquire(ctx, held, claim(time.Minute)); err != nil {
@@ -38,13 +38,13 @@ func TestPersistence(t *testing.T) {
 	s.Cleanup()
 
 	s = storetest.Provision(t, &Store{Path: dir})
-	if rec, err := s.Acquire(ctx, done, claim(time.Minute)); err != nil || rec == nil ||
+	got, err := s.Acquire(ctx, done, claim(time.Minute))
+	if rec := got.Record; err != nil || rec == nil ||
 		rec.State != store.Completed || string(rec.Body) != "kept" || rec.Endpoint != doneClaim.Endpoint {
 		t.Fatalf("completed record after reopening = %+v, %v", rec, err)
 	}
-	c := claim(time.Minute)
-	if rec, err := s.Acquire(ctx, held, c); rec != nil || err != nil || c.TookOver {
-		t.Fatalf("claimed key after reopening = %+v, %v, TookOver %v; want a new claim", rec, err, c.TookOver)
+	if got, err := s.Acquire(ctx, held, claim(time.Minute)); got.Record != nil || err != nil || got.TookOver {
+		t.Fatalf("claimed key after reopening = %+v, %v; want a new claim", got, err)
 	}
 }
 
@@ -66,8 +66,8 @@ func TestOnlyCompletionsWriteTheFile(t *testing.T) {
 	s := storetest.Provision(t, &Store{Path: t.TempDir()})
 	ctx := context.Background()
 	k, c := storetest.NewKey(), claim(time.Minute)
-	if rec, err := s.Acquire(ctx, k, c); rec != nil || err != nil {
-		t.Fatal(rec, err)
+	if got, err := s.Acquire(ctx, k, c); got.Record != nil || err != nil {
+		t.Fatal(got.Record, err)
 	}
 	if err := s.Renew(ctx, k, c.Token, time.Hour); err != nil {
 		t.Fatal(err)
@@ -79,10 +79,10 @@ func TestOnlyCompletionsWriteTheFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	c = claim(time.Minute)
-	if rec, err := s.Acquire(ctx, k, c); rec != nil || err != nil {
-		t.Fatal(rec, err)
+	if got, err := s.Acquire(ctx, k, c); got.Record != nil || err != nil {
+		t.Fatal(got.Record, err)
 	}
-	if err := s.Complete(ctx, k, c, &store.Record{Status: 201}, time.Hour); err != nil {
+	if err := s.Complete(ctx, k, c, &store.Response{Status: 201}, time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	if n := keysInFile(t, s); n != 1 {
@@ -97,8 +97,8 @@ func TestAcquireRereadsBehindACompletion(t *testing.T) {
 	s := storetest.Provision(t, &Store{Path: t.TempDir()})
 	ctx := context.Background()
 	k, owner := storetest.NewKey(), claim(time.Minute)
-	if rec, err := s.Acquire(ctx, k, owner); rec != nil || err != nil {
-		t.Fatal(rec, err)
+	if got, err := s.Acquire(ctx, k, owner); got.Record != nil || err != nil {
+		t.Fatal(got.Record, err)
 	}
 
 	// Acquire asks the time once inside its first read, then once to
@@ -111,7 +111,7 @@ func TestAcquireRereadsBehindACompletion(t *testing.T) {
 		}
 		if calls++; calls == 2 {
 			completing = true
-			if err := s.Complete(ctx, k, owner, &store.Record{Status: 201}, time.Hour); err != nil {
+			if err := s.Complete(ctx, k, owner, &store.Response{Status: 201}, time.Hour); err != nil {
 				t.Error(err)
 			}
 			completing = false
@@ -119,7 +119,8 @@ func TestAcquireRereadsBehindACompletion(t *testing.T) {
 		return time.Now()
 	}
 	c := claim(time.Minute)
-	rec, err := s.Acquire(ctx, k, c)
+	got, err := s.Acquire(ctx, k, c)
+	rec := got.Record
 	now = time.Now
 	if calls < 3 {
 		t.Fatalf("Acquire asked the time %d times; the test no longer reaches the claim and the second read", calls)
@@ -144,8 +145,8 @@ func TestNoPhantomClaimBehindACompletion(t *testing.T) {
 	s := storetest.Provision(t, &Store{Path: t.TempDir()})
 	ctx := context.Background()
 	k, owner := storetest.NewKey(), claim(time.Minute)
-	if rec, err := s.Acquire(ctx, k, owner); rec != nil || err != nil {
-		t.Fatal(rec, err)
+	if got, err := s.Acquire(ctx, k, owner); got.Record != nil || err != nil {
+		t.Fatal(got.Record, err)
 	}
 
 	// Acquire asks the time once inside its read of the file and once to
@@ -191,8 +192,8 @@ func TestNoPhantomClaimBehindACompletion(t *testing.T) {
 		err error
 	}
 	acquire := func(out chan<- result) {
-		rec, err := s.Acquire(ctx, k, claim(time.Minute))
-		out <- result{rec, err}
+		got, err := s.Acquire(ctx, k, claim(time.Minute))
+		out <- result{got.Record, err}
 	}
 	first, second := make(chan result, 1), make(chan result, 1)
 	go acquire(first)
@@ -202,7 +203,7 @@ func TestNoPhantomClaimBehindACompletion(t *testing.T) {
 	mu.Lock()
 	counting = false
 	mu.Unlock()
-	if err := s.Complete(ctx, k, owner, &store.Record{Status: 201}, time.Hour); err != nil {
+	if err := s.Complete(ctx, k, owner, &store.Response{Status: 201}, time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	mu.Lock()
@@ -231,14 +232,15 @@ func TestNoClaimDuringCompletion(t *testing.T) {
 	ctx := context.Background()
 	for range 50 {
 		k, owner := storetest.NewKey(), claim(time.Minute)
-		if rec, err := s.Acquire(ctx, k, owner); rec != nil || err != nil {
-			t.Fatal(rec, err)
+		if got, err := s.Acquire(ctx, k, owner); got.Record != nil || err != nil {
+			t.Fatal(got.Record, err)
 		}
 		var wg sync.WaitGroup
 		for range 3 {
 			wg.Go(func() {
 				for {
-					rec, err := s.Acquire(ctx, k, claim(time.Minute))
+					got, err := s.Acquire(ctx, k, claim(time.Minute))
+					rec := got.Record
 					switch {
 					case err != nil:
 						t.Error(err)
@@ -255,7 +257,7 @@ func TestNoClaimDuringCompletion(t *testing.T) {
 				}
 			})
 		}
-		if err := s.Complete(ctx, k, owner, &store.Record{Status: 201}, time.Hour); err != nil {
+		if err := s.Complete(ctx, k, owner, &store.Response{Status: 201}, time.Hour); err != nil {
 			t.Fatal(err)
 		}
 		wg.Wait()
@@ -271,12 +273,12 @@ func BenchmarkAcquireNewKey(b *testing.B) {
 	c := claim(time.Minute)
 	b.ReportAllocs()
 	for b.Loop() {
-		if rec, err := s.Acquire(ctx, storetest.NewKey(), c); rec != nil || err != nil {
-			b.Fatalf("Acquire = %+v, %v", rec, err)
+		if got, err := s.Acquire(ctx, storetest.NewKey(), c); got.Record != nil || err != nil {
+			b.Fatalf("Acquire = %+v, %v", got.Record, err)
 		}
 	}
 }
 
 func BenchmarkReplay(b *testing.B) {
-	storetest.BenchmarkReplay(b, storetest.Provision(b, &Store{Path: b.TempDir()}), storetest.JSONRecord())
+	storetest.BenchmarkReplay(b, storetest.Provision(b, &Store{Path: b.TempDir()}), storetest.JSONResponse())
 }

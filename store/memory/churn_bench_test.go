@@ -32,9 +32,9 @@ func BenchmarkNewKeyFullTable(b *testing.B) {
 
 // fullTable is a memory store at its default 100,000 records, each the
 // answer of a JSON API to a POST, and that answer.
-func fullTable(b *testing.B) (*Memory, *store.Record) {
+func fullTable(b *testing.B) (*Memory, *store.Response) {
 	m := storetest.Provision(b, &Memory{MaxEntries: 100_000, MaxBytes: 1 << 30})
-	rec := &store.Record{Status: 201, Body: make([]byte, 200), Header: http.Header{
+	rec := &store.Response{Status: 201, Body: make([]byte, 200), Header: http.Header{
 		"Content-Type":  {"application/json"},
 		"Location":      {"/orders/0f8fad5b-d9cb-469f-a165-70867728950e"},
 		"X-Request-Id":  {"b5d4c1f0a2e3"},
@@ -48,9 +48,9 @@ func fullTable(b *testing.B) (*Memory, *store.Record) {
 
 // claimAndComplete runs k's request through m as the handler does: a claim,
 // then the completion that stores rec for an hour.
-func claimAndComplete(b *testing.B, m *Memory, k store.Key, rec *store.Record) {
+func claimAndComplete(b *testing.B, m *Memory, k store.Key, rec *store.Response) {
 	ctx := context.Background()
-	c := &store.Claim{Token: storetest.NewToken(), Endpoint: "POST api.example.com/orders", Lease: time.Minute}
+	c := &store.Claim{Token: storetest.NewToken(), Endpoint: "POST api.example.com/orders", CreatedAt: time.Now(), Lease: time.Minute}
 	if _, err := m.Acquire(ctx, k, c); err != nil {
 		b.Fatal(err)
 	}

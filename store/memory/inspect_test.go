@@ -44,8 +44,9 @@ func TestInFlightOldestFirst(t *testing.T) {
 		// Claims made i minutes apart, the first the oldest.
 		now = func() time.Time { return base.Add(time.Duration(i) * time.Minute) }
 		keys[i] = storetest.NewKey()
-		if rec, err := m.Acquire(ctx, keys[i], &store.Claim{Token: storetest.NewToken(), Lease: time.Hour}); rec != nil || err != nil {
-			t.Fatal(rec, err)
+		c := &store.Claim{Token: storetest.NewToken(), CreatedAt: now(), Lease: time.Hour}
+		if got, err := m.Acquire(ctx, keys[i], c); got.Record != nil || err != nil {
+			t.Fatal(got.Record, err)
 		}
 	}
 	now = func() time.Time { return base.Add(10 * time.Minute) }

@@ -15,15 +15,15 @@ import (
 func TestSharedAcrossReloads(t *testing.T) {
 	a := storetest.Provision(t, &Memory{MaxEntries: 7})
 	k, c := storetest.NewKey(), &store.Claim{Token: storetest.NewToken(), Lease: time.Minute}
-	if rec, _ := a.Acquire(context.Background(), k, c); rec != nil {
+	if got, _ := a.Acquire(context.Background(), k, c); got.Record != nil {
 		t.Fatal("claim failed")
 	}
 	// A reload provisions a new module before the old one is cleaned up.
 	b := storetest.Provision(t, &Memory{MaxEntries: 7})
 	a.Cleanup()
 	a.Cleanup() // idempotent
-	if rec, _ := b.Acquire(context.Background(), k, &store.Claim{Lease: time.Minute}); rec == nil || rec.Token != c.Token {
-		t.Fatalf("the new config lost the claim made under the old one: %+v", rec)
+	if got, _ := b.Acquire(context.Background(), k, &store.Claim{Lease: time.Minute}); got.Record == nil || got.Record.Token != c.Token {
+		t.Fatalf("the new config lost the claim made under the old one: %+v", got.Record)
 	}
 }
 
@@ -31,9 +31,9 @@ func TestSharedAcrossReloads(t *testing.T) {
 func acquire(t *testing.T, m *Memory, endpoint string) (store.Key, *store.Claim) {
 	t.Helper()
 	k := storetest.NewKey()
-	c := &store.Claim{Token: storetest.NewToken(), Endpoint: endpoint, Fingerprint: store.Fingerprint{7}, Lease: time.Minute}
-	if rec, err := m.Acquire(context.Background(), k, c); rec != nil || err != nil {
-		t.Fatalf("Acquire = %v, %v", rec, err)
+	c := &store.Claim{Token: storetest.NewToken(), Endpoint: endpoint, Fingerprint: store.Fingerprint{7}, CreatedAt: time.Now(), Lease: time.Minute}
+	if got, err := m.Acquire(context.Background(), k, c); got.Record != nil || err != nil {
+		t.Fatalf("Acquire = %v, %v", got.Record, err)
 	}
 	return k, c
 }
@@ -53,7 +53,7 @@ func TestEvictionOrderAndAccounting(t *testing.T) {
 			claims = append(claims, k) // left in flight
 			continue
 		}
-		rec := &store.Record{Status: 201, Body: make([]byte, i%7*100), Header: http.Header{"X-N": {strconv.Itoa(i)}}}
+		rec := &store.Response{Status: 201, Body: make([]byte, i%7*100), Header: http.Header{"X-N": {strconv.Itoa(i)}}}
 		if err := m.Complete(ctx, k, c, rec, time.Hour); err != nil {
 			t.Fatalf("Complete %d: %v", i, err)
 		}
@@ -108,7 +108,7 @@ func TestBoundedEntriesEvictsOldestCompleted(t *testing.T) {
 		if _, err := m.Acquire(ctx, keys[i], c); err != nil {
 			t.Fatalf("Acquire %d: %v", i, err)
 		}
-		if err := m.Complete(ctx, keys[i], c, &store.Record{Status: 200}, time.Hour); err != nil {
+		if err := m.Complete(ctx, keys[i], c, &store.Response{Status: 200}, time.Hour); err != nil {
 			t.Fatalf("Complete %d: %v", i, err)
 		}
 	}
@@ -142,7 +142,7 @@ func TestBoundedBytes(t *testing.T) {
 		if _, err := m.Acquire(ctx, k, c); err != nil {
 			t.Fatal(err)
 		}
-		if err := m.Complete(ctx, k, c, &store.Record{Status: 200, Body: make([]byte, 2000)}, time.Hour); err != nil {
+		if err := m.Complete(ctx, k, c, &store.Response{Status: 200, Body: make([]byte, 2000)}, time.Hour); err != nil {
 			t.Fatal(err)
 		}
 		if m.tab.Bytes() > 10_000 {
@@ -156,7 +156,7 @@ func TestSweepDropsExpired(t *testing.T) {
 	ctx := context.Background()
 	k, c := storetest.NewKey(), &store.Claim{Token: storetest.NewToken(), Lease: time.Minute}
 	m.Acquire(ctx, k, c)
-	m.Complete(ctx, k, c, &store.Record{Status: 200, Body: []byte("x")}, time.Millisecond)
+	m.Complete(ctx, k, c, &store.Response{Status: 200, Body: []byte("x")}, time.Millisecond)
 	time.Sleep(5 * time.Millisecond)
 	m.tab.Lock()
 	e := m.tab.Live(k, now().UnixNano())

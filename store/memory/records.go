@@ -10,56 +10,53 @@ import (
 
 // Acquire claims k for c unless it has a live record, which it returns
 // decoded once the table's lock is released.
-func (m *Memory) Acquire(_ context.Context, k store.Key, c *store.Claim) (*store.Record, error) {
-	found, err := m.claim(k, c)
+func (m *Memory) Acquire(_ context.Context, k store.Key, c *store.Claim) (store.Acquired, error) {
+	found, tookOver, err := m.claim(k, c)
 	if found == nil || err != nil {
-		return nil, err
+		return store.Acquired{TookOver: tookOver}, err
 	}
-	return store.DecodeRecord(found)
+	rec, err := store.DecodeRecord(found)
+	return store.Acquired{Record: rec}, err
 }
 
 // claim records c's claim unless k has a live record, whose blob it returns
 // for the caller to decode once the lock is released.
-func (m *Memory) claim(k store.Key, c *store.Claim) ([]byte, error) {
+func (m *Memory) claim(k store.Key, c *store.Claim) (found store.Encoded, tookOver bool, err error) {
+	blob := store.AppendClaim(nil, c) // outside the lock: it needs nothing from it
 	t := m.tab
 	t.Lock()
 	defer t.Unlock()
 	n := now()
 	nano := n.UnixNano()
-	c.TookOver = false
 	// An expired claim still here (the sweeper has not dropped it yet) is a
 	// dead owner's: claiming the key now takes it over.
-	dead := false
 	if e := t.Lookup(k); e != nil {
 		if nano < e.Expires {
-			return e.Blob, nil
+			return e.Blob, false, nil
 		}
-		dead = e.Blob.State() == store.InProgress
+		tookOver = e.Blob.State() == store.InProgress
 		t.Remove(e)
 	}
-	blob := store.AppendClaim(nil, c, n)
 	if err := t.MakeRoom(table.Size(blob)); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	t.Insert(k, blob, n.Add(c.Lease).UnixNano())
-	c.TookOver, c.CreatedAt = dead, n
-	return nil, nil
+	return nil, tookOver, nil
 }
 
-// Complete replaces the claim c with rec, kept for ttl.
-func (m *Memory) Complete(_ context.Context, k store.Key, c *store.Claim, rec *store.Record, ttl time.Duration) error {
-	// The record is encoded before taking the lock: it needs nothing from
-	// the table, since the claim carries the binding Acquire stored.
-	blob := store.AppendCompleted(nil, c, rec)
+// Complete replaces the claim c with resp, kept for ttl.
+func (m *Memory) Complete(_ context.Context, k store.Key, c *store.Claim, resp *store.Response, ttl time.Duration) error {
+	// Encoded before taking the lock: the claim carries the binding.
+	expires := now().Add(ttl)
+	blob := store.AppendCompleted(nil, c, resp, expires)
 	t := m.tab
 	t.Lock()
 	defer t.Unlock()
-	n := now()
-	e, err := m.owned(k, c.Token, n.UnixNano())
+	e, err := m.owned(k, c.Token, now().UnixNano())
 	if err != nil {
 		return err
 	}
-	return t.Replace(e, blob, n.Add(ttl).UnixNano())
+	return t.Replace(e, blob, expires.UnixNano())
 }
 
 // Release deletes the claim held by tok.

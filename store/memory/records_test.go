@@ -29,7 +29,7 @@ func TestReplayIsExact(t *testing.T) {
 		"X-Empty":      {""},
 	}
 	body := []byte(`{"id":1}`)
-	if err := m.Complete(ctx, k, c, &store.Record{Status: 201, Header: hdr, Body: body}, time.Hour); err != nil {
+	if err := m.Complete(ctx, k, c, &store.Response{Status: 201, Header: hdr, Body: body}, time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	want := hdr.Clone()
@@ -37,7 +37,8 @@ func TestReplayIsExact(t *testing.T) {
 	hdr.Del("Set-Cookie")
 	body[0] = 'X'
 
-	got, err := m.Acquire(ctx, k, &store.Claim{Token: storetest.NewToken(), Lease: time.Minute})
+	acq, err := m.Acquire(ctx, k, &store.Claim{Token: storetest.NewToken(), Lease: time.Minute})
+	got := acq.Record
 	if err != nil || got == nil {
 		t.Fatalf("Acquire = %v, %v; want the record", got, err)
 	}

@@ -105,7 +105,7 @@ func TestReaperSparesTakenOverRows(t *testing.T) {
 			_, err := s.db.reap(ctx, 1000, nil)
 			reaped <- err
 		}()
-		if rec, err := s.Acquire(ctx, k, fresh); rec != nil || err != nil {
+		if rec, err := recordOf(s.Acquire(ctx, k, fresh)); rec != nil || err != nil {
 			t.Fatalf("takeover = %+v, %v", rec, err)
 		}
 		if err := <-reaped; err != nil {
@@ -149,7 +149,7 @@ func TestCreateTableOff(t *testing.T) {
 	}
 	// What a migration would run.
 	sqlExec(t, shared.DSN(), DDL("", table))
-	if rec, err := s.Acquire(context.Background(), storetest.NewKey(), claim(time.Minute)); rec != nil || err != nil {
+	if rec, err := recordOf(s.Acquire(context.Background(), storetest.NewKey(), claim(time.Minute))); rec != nil || err != nil {
 		t.Fatalf("Acquire once the table exists = %+v, %v", rec, err)
 	}
 }

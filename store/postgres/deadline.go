@@ -19,13 +19,12 @@ var (
 )
 
 // deadlines bounds store calls without a timer each. A context with a
-// timeout of its own per call cost a timer and 7 allocations, and under a
-// request's context a registration as its child (BenchmarkAcquireNewKey:
-// 26 allocations a claim with it, 19 without). Instead, every call that
-// starts within deadlineSlack of another shares its context, whose
-// deadline is callTimeout to callTimeout+deadlineSlack after the start of
-// each: under load one timer a second, and none when idle. A caller's own
-// deadline within callTimeout stands as it is.
+// timeout of its own per call costs a timer and its allocations on every
+// call, and under a request's context a registration as its child.
+// Instead, every call that starts within deadlineSlack of another shares
+// its context, whose deadline is callTimeout to callTimeout+deadlineSlack
+// after the start of each: under load one timer a second, and none when
+// idle. A caller's own deadline within callTimeout stands as it is.
 //
 // The shared context does not end when the caller's does: a cancellation
 // without a deadline, such as a client going away, lets the statement run

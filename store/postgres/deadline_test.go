@@ -75,7 +75,7 @@ func TestCallsAreBounded(t *testing.T) {
 		run  func() error
 	}{
 		{"Acquire", func() error { _, err := s.Acquire(req, expired, claim(time.Minute)); return err }},
-		{"Complete", func() error { return s.Complete(ctx, k, c, &store.Record{Status: 200}, time.Minute) }},
+		{"Complete", func() error { return s.Complete(ctx, k, c, &store.Response{Status: 200}, time.Minute) }},
 		{"Renew", func() error { return s.Renew(req, k, c.Token, time.Minute) }},
 		{"Release", func() error { return s.Release(ctx, k, c.Token) }},
 	} {

@@ -100,13 +100,13 @@ func TestNotifyReportsAnEndedClaim(t *testing.T) {
 		t.Fatal("Notify of an absent key reported a claim in progress")
 	}
 	s.Acquire(ctx, k, c)
-	if err := s.Complete(ctx, k, c, &store.Record{Status: 200}, time.Minute); err != nil {
+	if err := s.Complete(ctx, k, c, &store.Response{Status: 200}, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	if storetest.Notify(t, s, k) {
 		t.Fatal("Notify of a completed key reported a claim in progress")
 	}
-	if rec, err := s.Acquire(ctx, k, claim(time.Minute)); err != nil || rec.Status != 200 {
+	if rec, err := recordOf(s.Acquire(ctx, k, claim(time.Minute))); err != nil || rec.Status != 200 {
 		t.Fatalf("the completed record after Notify = %+v, %v", rec, err)
 	}
 }
@@ -123,7 +123,7 @@ func TestWatchedClaimIsTheSameClaim(t *testing.T) {
 			t.Fatal("Notify found no claim in progress")
 		}
 	}
-	rec, err := s.Acquire(ctx, k, claim(time.Minute))
+	rec, err := recordOf(s.Acquire(ctx, k, claim(time.Minute)))
 	if err != nil || rec == nil || rec.State != store.InProgress || rec.Token != c.Token || rec.Status != 0 {
 		t.Fatalf("the watched claim reads as %+v, %v", rec, err)
 	}
@@ -133,10 +133,10 @@ func TestWatchedClaimIsTheSameClaim(t *testing.T) {
 	if err := s.Renew(ctx, k, c.Token, time.Minute); err != nil {
 		t.Fatalf("Renew of a watched claim: %v", err)
 	}
-	if err := s.Complete(ctx, k, c, &store.Record{Status: 201}, time.Minute); err != nil {
+	if err := s.Complete(ctx, k, c, &store.Response{Status: 201}, time.Minute); err != nil {
 		t.Fatalf("Complete of a watched claim: %v", err)
 	}
-	if rec, err := s.Acquire(ctx, k, claim(time.Minute)); err != nil || rec.Status != 201 {
+	if rec, err := recordOf(s.Acquire(ctx, k, claim(time.Minute))); err != nil || rec.Status != 201 {
 		t.Fatalf("the completed record = %+v, %v", rec, err)
 	}
 
@@ -145,8 +145,8 @@ func TestWatchedClaimIsTheSameClaim(t *testing.T) {
 	storetest.Notify(t, s, dead)
 	time.Sleep(5 * time.Millisecond)
 	fresh := claim(time.Minute)
-	if rec, err := s.Acquire(ctx, dead, fresh); rec != nil || err != nil || !fresh.TookOver {
-		t.Fatalf("takeover of a watched dead claim = %+v, %v", rec, err)
+	if got, err := s.Acquire(ctx, dead, fresh); got.Record != nil || err != nil || !got.TookOver {
+		t.Fatalf("takeover of a watched dead claim = %+v, %v", got, err)
 	}
 	var status int
 	if err := begin(t).QueryRow(ctx, "SELECT status FROM "+s.db.qualified+" WHERE key = $1", dead[:]).Scan(&status); err != nil || status != 0 {
@@ -203,7 +203,7 @@ func TestNotifiesOnlyWhenSomeoneWaits(t *testing.T) {
 			storetest.Notify(t, s, completed)
 			storetest.Notify(t, s, released)
 		}
-		if err := s.Complete(ctx, completed, a, &store.Record{Status: 200}, time.Minute); err != nil {
+		if err := s.Complete(ctx, completed, a, &store.Response{Status: 200}, time.Minute); err != nil {
 			t.Fatal(err)
 		}
 		if err := s.Release(ctx, released, b.Token); err != nil {
@@ -246,7 +246,7 @@ func TestWatchAndEndSerialize(t *testing.T) {
 		t.Fatalf("marking in a transaction: %v, %v", tag, err)
 	}
 	done := make(chan error, 1)
-	go func() { done <- s.Complete(ctx, k, c, &store.Record{Status: 200}, time.Minute) }()
+	go func() { done <- s.Complete(ctx, k, c, &store.Response{Status: 200}, time.Minute) }()
 	waitForLockWait(t, tx)
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
@@ -263,7 +263,7 @@ func TestWatchAndEndSerialize(t *testing.T) {
 	k, c = storetest.NewKey(), claim(time.Minute)
 	s.Acquire(ctx, k, c)
 	tx = begin(t)
-	if tag, err := tx.Exec(ctx, s.db.q.complete, k[:], c.Token[:], 200, nil, nil, false, int64(60e6)); err != nil || tag.RowsAffected() != 1 {
+	if tag, err := tx.Exec(ctx, s.db.q.complete, k[:], c.Token[:], 200, nil, nil, false, false, false, int64(60e6)); err != nil || tag.RowsAffected() != 1 {
 		t.Fatalf("completing in a transaction: %v, %v", tag, err)
 	}
 	type result struct {

@@ -46,6 +46,9 @@ func (s *Store) Lookup(ctx context.Context, key store.Key) (*store.Record, time.
 	if err != nil {
 		return nil, time.Time{}, s.unavailable("looking up", err)
 	}
+	if rec.State == store.Completed {
+		rec.ExpiresAt = r.expires
+	}
 	return rec, r.expires, nil
 }
 

@@ -79,14 +79,14 @@ func TestNames(t *testing.T) {
 	}
 }
 
-// InFlight reads the oldest claims first, by the database's clock.
+// InFlight reads the oldest claims first.
 func TestInFlightOldestFirst(t *testing.T) {
 	s := storetest.Provision(t, &Store{DSN: shared.DSN(), Table: newTable()})
 	ctx := context.Background()
 	keys := make([]store.Key, 4)
 	for i := range keys {
 		keys[i] = storetest.NewKey()
-		if rec, err := s.Acquire(ctx, keys[i], claim(time.Hour)); rec != nil || err != nil {
+		if rec, err := recordOf(s.Acquire(ctx, keys[i], claim(time.Hour))); rec != nil || err != nil {
 			t.Fatal(rec, err)
 		}
 		// Age the claim by i hours.

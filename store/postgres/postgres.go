@@ -2,8 +2,8 @@
 // primary key of one table makes "first writer wins" atomic: Acquire is a
 // single INSERT ... ON CONFLICT that claims the key or finds its live record,
 // and the calls that must check the owner token are single statements that
-// match the token in their WHERE clause. Every time comes from the
-// database's clock, so Caddy instances with skewed clocks agree on leases.
+// match the token in their WHERE clause. Leases and TTLs run by the
+// database's clock, so Caddy instances with skewed clocks agree on them.
 // Instances that share a table hear from each other over LISTEN/NOTIFY on
 // one connection per pool (listener.go): waiting duplicates are woken when
 // a claim ends elsewhere, and purges reach the local tier (local_cache),

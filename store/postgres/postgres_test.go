@@ -87,14 +87,17 @@ func count(t testing.TB, dsn, table string) int {
 }
 
 func claim(lease time.Duration) *store.Claim {
-	return &store.Claim{Token: storetest.NewToken(), Endpoint: "POST example.com/orders", Lease: lease}
+	return &store.Claim{Token: storetest.NewToken(), Endpoint: "POST example.com/orders", CreatedAt: time.Now(), Lease: lease}
 }
+
+// recordOf is the record of Acquire's result.
+func recordOf(got store.Acquired, err error) (*store.Record, error) { return got.Record, err }
 
 func TestSharedAcrossReloads(t *testing.T) {
 	table := newTable()
 	a := storetest.Provision(t, &Store{DSN: shared.DSN(), Table: table})
 	k, c := storetest.NewKey(), claim(time.Minute)
-	if rec, err := a.Acquire(context.Background(), k, c); rec != nil || err != nil {
+	if rec, err := recordOf(a.Acquire(context.Background(), k, c)); rec != nil || err != nil {
 		t.Fatalf("claim failed: %+v, %v", rec, err)
 	}
 	// A reload provisions the new config before cleaning up the old one.
@@ -104,7 +107,7 @@ func TestSharedAcrossReloads(t *testing.T) {
 	}
 	a.Cleanup()
 	a.Cleanup() // idempotent
-	rec, err := b.Acquire(context.Background(), k, claim(time.Minute))
+	rec, err := recordOf(b.Acquire(context.Background(), k, claim(time.Minute)))
 	if err != nil || rec == nil || rec.Token != c.Token {
 		t.Fatalf("the new config lost the claim made under the old one: %+v, %v", rec, err)
 	}

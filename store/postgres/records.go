@@ -19,54 +19,63 @@ import (
 // its insert, which a second run sees; more is contention beyond reason.
 const acquireAttempts = 5
 
+// A completed record's ExpiresAt, until which the local tier keeps it, is
+// by this instance's clock, without ever comparing the database's
+// timestamps with it: a record completed here expires ttl after the
+// completion's statement was sent, one read from the database its time to
+// live, which the database computed from its own clock, after the reading
+// statement was sent. Both statements started later on the database, so
+// the record expires here no later than there (earlier by the time the
+// statement took to start there), however far apart the two clocks are.
+
 // Acquire claims key for c, or returns its live record, in one statement;
 // a second takes over an expired row. With a local tier, a completed
 // record found there is answered without a statement, and one that the
 // statement returns is kept there.
-func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (*store.Record, error) {
+func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (store.Acquired, error) {
 	var version uint64
-	var start time.Time
 	if s.tier != nil {
 		if blob := s.tier.Get(key); blob != nil {
 			rec, err := store.DecodeRecord(blob)
 			if err != nil {
-				return nil, store.Unavailable("decoding record", err)
+				return store.Acquired{}, store.Unavailable("decoding record", err)
 			}
-			return rec, nil
+			return store.Acquired{Record: rec}, nil
 		}
-		version, start = s.tier.Version(), time.Now()
+		version = s.tier.Version()
 	}
 	ctx = s.db.deadlines.bound(ctx)
 	if err := s.db.ensure(ctx); err != nil {
-		return nil, err
+		return store.Acquired{}, err
 	}
-	c.TookOver = false
 	for range acquireAttempts {
 		r := new(row)
-		err := s.db.pool.QueryRow(ctx, s.db.q.acquire, key[:], c.Token[:], bytesOf(c.Endpoint), c.Fingerprint[:], micros(c.Lease)).
+		start := time.Now()
+		err := s.db.pool.QueryRow(ctx, s.db.q.acquire, key[:], c.Token[:], bytesOf(c.Endpoint), c.Fingerprint[:], micros(c.Lease), c.CreatedAt).
 			Scan(r.acquired()...)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			continue
 		case err != nil:
-			return nil, s.unavailable("acquiring", err)
+			return store.Acquired{}, s.unavailable("acquiring", err)
 		case r.won:
-			c.CreatedAt = r.rec.CreatedAt
-			return nil, nil
+			return store.Acquired{}, nil
 		case r.live():
 			rec, err := r.record()
 			if err != nil {
-				return nil, s.unavailable("acquiring", err)
+				return store.Acquired{}, s.unavailable("acquiring", err)
 			}
-			if s.tier != nil && rec.State == store.Completed {
+			if rec.State == store.Completed {
 				rec.ExpiresAt = start.Add(time.Duration(r.ttl))
-				s.keep(key, &store.Claim{Token: rec.Token, Endpoint: rec.Endpoint, Fingerprint: rec.Fingerprint, CreatedAt: rec.CreatedAt}, rec, version)
+				if s.tier != nil {
+					s.tier.Put(key, store.AppendRecord(nil, rec), version)
+				}
 			}
-			return rec, nil
+			return store.Acquired{Record: rec}, nil
 		}
 		won, err := s.takeOver(ctx, key, c)
 		if err != nil {
-			return nil, err
+			return store.Acquired{}, err
 		}
 		if won {
 			// A dead owner's claim was taken over if the row that the
@@ -75,66 +84,43 @@ func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (*st
 			// update fail unless the row that replaced it has expired
 			// in turn; the flag then describes the older row, and the
 			// claim is as atomic as ever.
-			c.TookOver = r.rec.State == store.InProgress
-			return nil, nil
+			return store.Acquired{TookOver: r.rec.State == store.InProgress}, nil
 		}
 	}
-	return nil, s.unavailable("acquiring", errors.New("the key changed under every attempt"))
+	return store.Acquired{}, s.unavailable("acquiring", errors.New("the key changed under every attempt"))
 }
 
 // takeOver replaces the key's expired row with c's claim. It reports false
 // when the row is no longer expired or is gone: Acquire then looks again.
 func (s *Store) takeOver(ctx context.Context, key store.Key, c *store.Claim) (bool, error) {
-	err := s.db.pool.QueryRow(ctx, s.db.q.takeover, key[:], c.Token[:], bytesOf(c.Endpoint), c.Fingerprint[:], micros(c.Lease)).
-		Scan(&c.CreatedAt)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return false, nil
-	case err != nil:
+	tag, err := s.db.pool.Exec(ctx, s.db.q.takeover, key[:], c.Token[:], bytesOf(c.Endpoint), c.Fingerprint[:], micros(c.Lease), c.CreatedAt)
+	if err != nil {
 		return false, s.unavailable("taking over", err)
 	}
-	return true, nil
+	return tag.RowsAffected() > 0, nil
 }
 
-// Complete replaces the claim c with rec, kept for ttl. The row's endpoint,
-// fingerprint and creation time, which are c's, stay.
-func (s *Store) Complete(ctx context.Context, key store.Key, c *store.Claim, rec *store.Record, ttl time.Duration) error {
+// Complete replaces the claim c with resp, kept for ttl. The row's
+// endpoint, fingerprint and creation time, which are c's, stay.
+func (s *Store) Complete(ctx context.Context, key store.Key, c *store.Claim, resp *store.Response, ttl time.Duration) error {
 	var headers []byte // NULL without headers
-	if len(rec.Header) > 0 {
+	if len(resp.Header) > 0 {
 		buf := headerBuffers.Get().(*[]byte)
 		defer putHeaderBuffer(buf)
-		*buf = appendHeaders((*buf)[:0], rec.Header)
+		*buf = store.AppendHeader((*buf)[:0], resp.Header)
 		headers = *buf
 	}
-	status, truncated := outcomeColumns(rec)
 	var version uint64
 	var start time.Time
 	if s.tier != nil {
 		version, start = s.tier.Version(), time.Now()
 	}
 	err := s.exec(ctx, "completing", s.db.q.complete,
-		key[:], c.Token[:], status, headers, rec.Body, truncated, micros(ttl))
+		key[:], c.Token[:], resp.Status, headers, resp.Body, resp.Truncated, resp.OutcomeUnknown, resp.Sealed, micros(ttl))
 	if err == nil && s.tier != nil {
-		done := *rec
-		done.ExpiresAt = start.Add(ttl)
-		s.keep(key, c, &done, version)
+		s.tier.Put(key, store.AppendCompleted(nil, c, resp, start.Add(ttl)), version)
 	}
 	return err
-}
-
-// The local tier keeps each record until its expiry by this instance's
-// clock, without ever comparing the database's timestamps with it: a
-// record completed here expires ttl after the completion's statement was
-// sent, one read from the database its time to live, which the database
-// computed from its own clock, after the reading statement was sent. Both
-// statements started later on the database, so the tier drops the record
-// no later than the database does (earlier by the time the statement took
-// to start there), however far apart the two clocks are.
-//
-// keep puts the completed record of the claim c, with the response and
-// expiry in rec, into the tier, unless a purge came since version.
-func (s *Store) keep(key store.Key, c *store.Claim, rec *store.Record, version uint64) {
-	s.tier.Put(key, store.AppendCompleted(nil, c, rec), version)
 }
 
 // headerBuffers holds the buffers Complete encodes headers into; pgx copies
@@ -179,19 +165,12 @@ func (s *Store) exec(ctx context.Context, op, sql string, args ...any) error {
 }
 
 // unavailable wraps every database error in store.ErrUnavailable, with a
-// hint when the table is missing because create_table is off, or has the
-// text endpoint and jsonb headers of a table made before they were bytea.
+// hint when the table is missing because create_table is off.
 func (s *Store) unavailable(op string, err error) error {
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		switch pgErr.Code {
-		case "42P01": // undefined_table
-			return fmt.Errorf("%w: %s: table %s does not exist; create it (see DDL) or turn create_table on: %w",
-				store.ErrUnavailable, op, s.db.qualified, err)
-		case "42804": // datatype_mismatch
-			return fmt.Errorf("%w: %s: table %s needs bytea endpoint and headers columns; run %s: %w",
-				store.ErrUnavailable, op, s.db.qualified, byteaMigration(s.db.qualified), err)
-		}
+	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
+		return fmt.Errorf("%w: %s: table %s does not exist; create it (see DDL) or turn create_table on: %w",
+			store.ErrUnavailable, op, s.db.qualified, err)
 	}
 	return store.Unavailable(op, err)
 }

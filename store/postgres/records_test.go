@@ -32,7 +32,7 @@ func TestUnavailableThenRecovers(t *testing.T) {
 
 	srv.Restart(t)
 	ctx := context.Background()
-	if rec, err := s.Acquire(ctx, storetest.NewKey(), claim(time.Minute)); rec != nil || err != nil {
+	if rec, err := recordOf(s.Acquire(ctx, storetest.NewKey(), claim(time.Minute))); rec != nil || err != nil {
 		t.Fatalf("Acquire once PostgreSQL is up = %+v, %v; want a claim", rec, err)
 	}
 
@@ -45,10 +45,10 @@ func TestUnavailableThenRecovers(t *testing.T) {
 
 	srv.Restart(t)
 	k, c := storetest.NewKey(), claim(time.Minute)
-	if rec, err := s.Acquire(ctx, k, c); rec != nil || err != nil {
+	if rec, err := recordOf(s.Acquire(ctx, k, c)); rec != nil || err != nil {
 		t.Fatalf("Acquire after the restart = %+v, %v; want a claim", rec, err)
 	}
-	if err := s.Complete(ctx, k, c, &store.Record{Status: 204}, time.Minute); err != nil {
+	if err := s.Complete(ctx, k, c, &store.Response{Status: 204}, time.Minute); err != nil {
 		t.Fatalf("Complete after the restart: %v", err)
 	}
 }
@@ -85,7 +85,7 @@ func BenchmarkAcquireNewKey(b *testing.B) {
 	c := claim(time.Minute)
 	b.ReportAllocs()
 	for b.Loop() {
-		if rec, err := s.Acquire(ctx, storetest.NewKey(), c); rec != nil || err != nil {
+		if rec, err := recordOf(s.Acquire(ctx, storetest.NewKey(), c)); rec != nil || err != nil {
 			b.Fatalf("Acquire = %+v, %v", rec, err)
 		}
 	}
@@ -96,15 +96,15 @@ func BenchmarkAcquireComplete(b *testing.B) {
 	s := storetest.Provision(b, &Store{DSN: shared.DSN(), Table: newTable()})
 	ctx := context.Background()
 	c := claim(time.Minute)
-	rec := &store.Record{Status: 201, Header: map[string][]string{"Content-Type": {"application/json"}, "Location": {"/orders/1"}},
+	resp := &store.Response{Status: 201, Header: map[string][]string{"Content-Type": {"application/json"}, "Location": {"/orders/1"}},
 		Body: make([]byte, 64)}
 	b.ReportAllocs()
 	for b.Loop() {
 		k := storetest.NewKey()
-		if rec, err := s.Acquire(ctx, k, c); rec != nil || err != nil {
+		if rec, err := recordOf(s.Acquire(ctx, k, c)); rec != nil || err != nil {
 			b.Fatalf("Acquire = %+v, %v", rec, err)
 		}
-		if err := s.Complete(ctx, k, c, rec, time.Hour); err != nil {
+		if err := s.Complete(ctx, k, c, resp, time.Hour); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -112,7 +112,7 @@ func BenchmarkAcquireComplete(b *testing.B) {
 
 func BenchmarkReplay(b *testing.B) {
 	s := storetest.Provision(b, &Store{DSN: shared.DSN(), Table: newTable()})
-	storetest.BenchmarkReplay(b, s, storetest.JSONRecord())
+	storetest.BenchmarkReplay(b, s, storetest.JSONResponse())
 }
 
 // With a connection per goroutine, the losers' statements start before the
@@ -128,7 +128,7 @@ func TestClaimRaceManyConnections(t *testing.T) {
 		for range 32 {
 			wg.Go(func() {
 				<-start
-				rec, err := s.Acquire(context.Background(), k, claim(time.Minute))
+				rec, err := recordOf(s.Acquire(context.Background(), k, claim(time.Minute)))
 				switch {
 				case err != nil:
 					t.Errorf("Acquire: %v", err)
@@ -165,13 +165,14 @@ func TestTakeoverRaceManyConnections(t *testing.T) {
 			wg.Go(func() {
 				<-start
 				c := claim(time.Minute)
-				rec, err := s.Acquire(ctx, k, c)
+				got, err := s.Acquire(ctx, k, c)
+				rec := got.Record
 				switch {
 				case err != nil:
 					t.Errorf("Acquire: %v", err)
 				case rec == nil:
 					winners.Add(1)
-					if c.TookOver {
+					if got.TookOver {
 						tookOver.Add(1)
 					}
 				case rec.State != store.InProgress:
@@ -208,7 +209,7 @@ func TestAcquireRacingAnUncommittedClaim(t *testing.T) {
 	}
 	done := make(chan result)
 	go func() {
-		rec, err := s.Acquire(ctx, k, claim(time.Minute))
+		rec, err := recordOf(s.Acquire(ctx, k, claim(time.Minute)))
 		done <- result{rec, err}
 	}()
 	// Wait until Acquire blocks on the uncommitted row, then commit it.

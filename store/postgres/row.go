@@ -13,9 +13,9 @@ import (
 
 // row is what Acquire and Lookup scan a record row into: the columns
 // state, token, endpoint, fingerprint, status, headers, body, truncated,
-// created_at, in that order, go straight into rec. State, token,
-// endpoint, fingerprint and headers are decoded from the driver's buffer,
-// not from copies that pgx would allocate for them.
+// outcome_unknown, sealed, created_at, in that order, go straight into
+// rec. State, token, endpoint, fingerprint and headers are decoded from
+// the driver's buffer, not from copies that pgx would allocate for them.
 type row struct {
 	rec    store.Record
 	status int32
@@ -23,30 +23,16 @@ type row struct {
 	won     bool
 	ttl     ttlColumn
 	expires time.Time
-	dest    [11]any
+	dest    [13]any
 }
 
-// A record whose outcome is unknown is a completed row with truncated set
-// and status 0, which no answered request has (the handler stores the
-// status it sent, and net/http refuses statuses under 100). The table
-// needs no column of its own for it, so the tables of earlier versions,
-// created by the store or by hand, hold it as they are.
-//
-// outcomeColumns returns the status and truncated columns for rec.
-func outcomeColumns(rec *store.Record) (status int, truncated bool) {
-	if rec.OutcomeUnknown {
-		return 0, true
-	}
-	return rec.Status, rec.Truncated
-}
-
-// columns sets dest[at:at+9] to the destinations of the record's columns.
+// columns sets dest[at:at+11] to the destinations of the record's columns.
 func (r *row) columns(at int) {
 	rec := &r.rec
 	copy(r.dest[at:], []any{
 		(*stateColumn)(&rec.State), (*tokenColumn)(&rec.Token), (*endpointColumn)(&rec.Endpoint),
 		(*fingerprintColumn)(&rec.Fingerprint), &r.status, (*headersColumn)(&rec.Header),
-		&rec.Body, &rec.Truncated, &rec.CreatedAt,
+		&rec.Body, &rec.Truncated, &rec.OutcomeUnknown, &rec.Sealed, (*timeColumn)(&rec.CreatedAt),
 	})
 }
 
@@ -55,7 +41,7 @@ func (r *row) columns(at int) {
 func (r *row) acquired() []any {
 	r.dest[0], r.dest[1] = &r.won, &r.ttl
 	r.columns(2)
-	return r.dest[:11]
+	return r.dest[:13]
 }
 
 // live reports whether the row Acquire found is live.
@@ -65,8 +51,8 @@ func (r *row) live() bool { return r.ttl > 0 }
 // columns, then expires_at.
 func (r *row) looked() []any {
 	r.columns(0)
-	r.dest[9] = &r.expires
-	return r.dest[:10]
+	r.dest[11] = &r.expires
+	return r.dest[:12]
 }
 
 // record finishes the scanned record, or refuses a row without a state.
@@ -74,13 +60,9 @@ func (r *row) record() (*store.Record, error) {
 	if r.rec.State == 0 {
 		return nil, errors.New("record without a state")
 	}
-	if r.rec.State == store.InProgress {
-		// A claim has no status: its column may hold watchedStatus.
-		return &r.rec, nil
-	}
-	r.rec.Status = int(r.status)
-	if r.rec.Truncated && r.rec.Status == 0 {
-		r.rec.Truncated, r.rec.OutcomeUnknown = false, true
+	// A claim has no status: its column may hold watchedStatus.
+	if r.rec.State == store.Completed {
+		r.rec.Status = int(r.status)
 	}
 	return &r.rec, nil
 }
@@ -147,17 +129,28 @@ func (e *endpointColumn) ScanBytes(b []byte) error {
 	return nil
 }
 
-// headersColumn is the bytea headers column, as headers.go writes it.
+// headersColumn is the bytea headers column, as store.AppendHeader
+// writes it.
 type headersColumn http.Header
 
 func (h *headersColumn) ScanBytes(b []byte) error {
 	if b == nil {
 		return nil
 	}
-	parsed, err := parseHeaders(b)
+	decoded, err := store.DecodeHeader(b)
 	if err != nil {
 		return fmt.Errorf("decoding headers: %w", err)
 	}
-	*h = headersColumn(parsed)
+	*h = headersColumn(decoded)
+	return nil
+}
+
+// timeColumn is a timestamptz column.
+type timeColumn time.Time
+
+func (t *timeColumn) ScanTimestamptz(v pgtype.Timestamptz) error {
+	if v.Valid {
+		*t = timeColumn(v.Time)
+	}
 	return nil
 }

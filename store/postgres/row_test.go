@@ -5,47 +5,68 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 	"github.com/caddy-idempotency/caddy-idempotency/store/storetest"
 )
 
-// A table created by hand from the DDL, with create_table off, as earlier
-// versions documented it, holds an unknown outcome in the columns it has:
-// truncated, status 0.
-func TestOutcomeUnknownInExistingColumns(t *testing.T) {
-	off := false
-	table := newTable()
-	sqlExec(t, shared.DSN(), DDL("", table))
-	s := storetest.Provision(t, &Store{DSN: shared.DSN(), Table: table, CreateTable: &off})
+// An unknown outcome, a truncated response and a sealed one each have a
+// column of their own, which the claim that takes over the expired row
+// clears; it keeps the claim's creation time.
+func TestResponseFlagColumns(t *testing.T) {
+	s := storetest.Provision(t, &Store{DSN: shared.DSN(), Table: newTable()})
 	ctx := context.Background()
-	k, c := storetest.NewKey(), claim(time.Minute)
-	if rec, err := s.Acquire(ctx, k, c); rec != nil || err != nil {
-		t.Fatalf("Acquire = %+v, %v; want a claim", rec, err)
+	tx := begin(t)
+	type flags struct {
+		status                     int
+		truncated, unknown, sealed bool
 	}
-	if err := s.Complete(ctx, k, c, &store.Record{OutcomeUnknown: true}, time.Minute); err != nil {
-		t.Fatalf("Complete: %v", err)
+	columns := func(k store.Key) flags {
+		t.Helper()
+		var got flags
+		err := tx.QueryRow(ctx, "SELECT status, truncated, outcome_unknown, sealed FROM "+s.db.qualified+" WHERE key = $1", k[:]).
+			Scan(&got.status, &got.truncated, &got.unknown, &got.sealed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
 	}
-
-	conn, err := pgx.Connect(ctx, shared.DSN())
-	if err != nil {
-		t.Fatalf("connecting: %v", err)
+	const ttl = 300 * time.Millisecond
+	responses := []store.Response{{OutcomeUnknown: true}, {Status: 200, Truncated: true}, {Status: 201, Sealed: true}}
+	keys := make([]store.Key, len(responses))
+	for i, resp := range responses {
+		k, c := storetest.NewKey(), claim(time.Minute)
+		keys[i] = k
+		if rec, err := recordOf(s.Acquire(ctx, k, c)); rec != nil || err != nil {
+			t.Fatalf("Acquire = %+v, %v; want a claim", rec, err)
+		}
+		if err := s.Complete(ctx, k, c, &resp, ttl); err != nil {
+			t.Fatalf("Complete: %v", err)
+		}
+		if got, want := columns(k), (flags{resp.Status, resp.Truncated, resp.OutcomeUnknown, resp.Sealed}); got != want {
+			t.Fatalf("columns of %+v = %+v, want %+v", resp, got, want)
+		}
+		rec, _, err := s.Lookup(ctx, k)
+		if err != nil || rec == nil || rec.Status != resp.Status || rec.Truncated != resp.Truncated ||
+			rec.OutcomeUnknown != resp.OutcomeUnknown || rec.Sealed != resp.Sealed {
+			t.Fatalf("Lookup of %+v = %+v, %v", resp, rec, err)
+		}
 	}
-	defer conn.Close(ctx)
-	var (
-		state     string
-		status    int
-		truncated bool
-	)
-	err = conn.QueryRow(ctx, "SELECT state, status, truncated FROM "+qualify("", table)+" WHERE key = $1", k[:]).
-		Scan(&state, &status, &truncated)
-	if err != nil || state != "completed" || status != 0 || !truncated {
-		t.Fatalf("row = %s, status %d, truncated %t, %v; want completed, 0, true", state, status, truncated, err)
-	}
-
-	rec, _, err := s.Lookup(ctx, k)
-	if err != nil || rec == nil || !rec.OutcomeUnknown || rec.Truncated {
-		t.Fatalf("Lookup = %+v, %v; want the unknown outcome", rec, err)
+	time.Sleep(ttl + 100*time.Millisecond)
+	for _, k := range keys {
+		// The handler's time, not the database's.
+		c := claim(time.Minute)
+		c.CreatedAt = c.CreatedAt.Add(-time.Hour)
+		if rec, err := recordOf(s.Acquire(ctx, k, c)); rec != nil || err != nil {
+			t.Fatalf("Acquire after the TTL = %+v, %v; want a claim", rec, err)
+		}
+		if got := columns(k); got != (flags{}) {
+			t.Fatalf("columns of the claim that reused the key = %+v, want none set", got)
+		}
+		if rec, _, err := s.Lookup(ctx, k); err != nil || rec == nil || rec.State != store.InProgress ||
+			rec.Truncated || rec.OutcomeUnknown || rec.Sealed {
+			t.Fatalf("Lookup of the claim that reused the key = %+v, %v", rec, err)
+		} else if d := rec.CreatedAt.Sub(c.CreatedAt); d < -time.Microsecond || d > time.Microsecond {
+			t.Fatalf("CreatedAt of the claim that reused the key = %v, want the claim's %v", rec.CreatedAt, c.CreatedAt)
+		}
 	}
 }

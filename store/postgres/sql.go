@@ -14,41 +14,34 @@ import (
 //
 // state has no CHECK constraint: PostgreSQL reads a CHECK's expression
 // back from its stored form and compiles it on every statement that
-// writes the table, a seventh of the server's instructions per new key,
-// and only the store writes the column. Tables made with the constraint
-// keep working.
+// writes the table, and only the store writes the column.
 //
-// endpoint and headers are bytea, not text or jsonb: they hold what the
-// client and the upstream sent, and PostgreSQL's text refuses NUL and
-// invalid UTF-8 (headers.go).
+// endpoint is bytea, not text: it holds what the client sent, and
+// PostgreSQL's text refuses NUL and invalid UTF-8. headers holds the
+// response's headers as store.AppendHeader encodes them, NULL when there
+// are none.
 func DDL(schema, table string) string {
 	name := qualify(schema, table)
 	index := pgx.Identifier{table + "_expires_at_idx"}.Sanitize()
 	inFlight := pgx.Identifier{table + "_in_progress_idx"}.Sanitize()
 	return fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %[1]s (
-	key         bytea       PRIMARY KEY,
-	state       text        NOT NULL,
-	token       bytea       NOT NULL,
-	endpoint    bytea       NOT NULL,
-	fingerprint bytea       NOT NULL,
-	status      integer     NOT NULL DEFAULT 0,
-	headers     bytea,
-	body        bytea,
-	truncated   boolean     NOT NULL DEFAULT false,
-	created_at  timestamptz NOT NULL DEFAULT now(),
-	expires_at  timestamptz NOT NULL
+	key             bytea       PRIMARY KEY,
+	state           text        NOT NULL,
+	token           bytea       NOT NULL,
+	endpoint        bytea       NOT NULL,
+	fingerprint     bytea       NOT NULL,
+	status          integer     NOT NULL DEFAULT 0,
+	headers         bytea,
+	body            bytea,
+	truncated       boolean     NOT NULL DEFAULT false,
+	outcome_unknown boolean     NOT NULL DEFAULT false,
+	sealed          boolean     NOT NULL DEFAULT false,
+	created_at      timestamptz NOT NULL DEFAULT now(),
+	expires_at      timestamptz NOT NULL
 );
 CREATE INDEX IF NOT EXISTS %[2]s ON %[1]s (expires_at);
 CREATE INDEX IF NOT EXISTS %[3]s ON %[1]s (created_at) WHERE state = 'in_progress';
 `, name, index, inFlight)
-}
-
-// byteaMigration returns the statement that turns the text endpoint and
-// jsonb headers of a table made by a pre-release version into the bytea
-// columns of DDL, keeping its rows; table is quoted (qualify).
-func byteaMigration(table string) string {
-	return fmt.Sprintf(`ALTER TABLE %s ALTER COLUMN endpoint TYPE bytea USING convert_to(endpoint, 'UTF8'), `+
-		`ALTER COLUMN headers TYPE bytea USING convert_to(headers::text, 'UTF8')`, table)
 }
 
 // qualify quotes the table name, so that it is used exactly as written.
@@ -122,26 +115,28 @@ func newQueries(table, channel string) queries {
 		//
 		// A takeover of expired rows in the same statement (ON CONFLICT DO
 		// UPDATE ... WHERE expires_at <= now()) made PostgreSQL build the
-		// update's projection and condition on every run, a tenth of the
-		// server's instructions per replay, for a path that only keys
-		// reused after their TTL and dead owners' claims take.
+		// update's projection and condition on every run, replays
+		// included, for a path that only keys reused after their TTL and
+		// dead owners' claims take.
 		//
 		// The time to live, by the database's clock, tells whether the row
-		// is live, and how long the local tier may keep it (records.go).
+		// is live, and when the record returned expires (records.go).
 		acquire: fmt.Sprintf(`WITH old AS (
-	SELECT state, token, endpoint, fingerprint, status, headers, body, truncated, created_at,
-		expires_at - now() AS ttl
+	SELECT state, token, endpoint, fingerprint, status, headers, body, truncated, outcome_unknown, sealed,
+		created_at, expires_at - now() AS ttl
 	FROM %[1]s WHERE key = $1
 ), claimed AS (
 	INSERT INTO %[1]s (key, state, token, endpoint, fingerprint, created_at, expires_at)
-	SELECT $1, 'in_progress', $2::bytea, $3::bytea, $4::bytea, now(), now() + $5::bigint * interval '1 microsecond'
+	SELECT $1, 'in_progress', $2::bytea, $3::bytea, $4::bytea, $6::timestamptz, now() + $5::bigint * interval '1 microsecond'
 	WHERE NOT EXISTS (SELECT FROM old)
 	ON CONFLICT (key) DO NOTHING
 	RETURNING 1
 )
-SELECT true, NULL::interval, NULL::text, NULL::bytea, NULL::bytea, NULL::bytea, 0, NULL::bytea, NULL::bytea, false, now() FROM claimed
+SELECT true, NULL::interval, NULL::text, NULL::bytea, NULL::bytea, NULL::bytea, 0, NULL::bytea, NULL::bytea,
+	false, false, false, NULL::timestamptz FROM claimed
 UNION ALL
-SELECT false, ttl, state, token, endpoint, fingerprint, status, headers, body, truncated, created_at FROM old`, table),
+SELECT false, ttl, state, token, endpoint, fingerprint, status, headers, body, truncated, outcome_unknown, sealed,
+	created_at FROM old`, table),
 
 		// takeover replaces the key's expired row with the claim. The
 		// update locks the row and rechecks expires_at on its newest
@@ -149,13 +144,12 @@ SELECT false, ttl, state, token, endpoint, fingerprint, status, headers, body, t
 		// first's live claim and updates nothing. Its status 0 is an
 		// unwatched claim.
 		takeover: fmt.Sprintf(`UPDATE %s SET state = 'in_progress', token = $2, endpoint = $3, fingerprint = $4,
-	status = 0, headers = NULL, body = NULL, truncated = false,
-	created_at = now(), expires_at = now() + $5::bigint * interval '1 microsecond'
-WHERE key = $1 AND `+isExpired+`
-RETURNING created_at`, table),
+	status = 0, headers = NULL, body = NULL, truncated = false, outcome_unknown = false, sealed = false,
+	created_at = $6, expires_at = now() + $5::bigint * interval '1 microsecond'
+WHERE key = $1 AND `+isExpired, table),
 
 		complete: fmt.Sprintf(`UPDATE %s SET state = 'completed', status = $3, headers = $4, body = $5,
-	truncated = $6, expires_at = now() + $7::bigint * interval '1 microsecond'
+	truncated = $6, outcome_unknown = $7, sealed = $8, expires_at = now() + $9::bigint * interval '1 microsecond'
 WHERE `+owned+ended, table),
 
 		release: fmt.Sprintf(`DELETE FROM %s WHERE `+owned+ended, table),
@@ -175,7 +169,8 @@ WHERE key = $1 AND state <> 'completed' AND `+isLive, table, watchedStatus),
 WHERE ctid = ANY (ARRAY(SELECT ctid FROM %[1]s WHERE expires_at <= now() LIMIT $1))
 AND expires_at <= now()`, table),
 
-		lookup: fmt.Sprintf(`SELECT state, token, endpoint, fingerprint, status, headers, body, truncated, created_at, expires_at
+		lookup: fmt.Sprintf(`SELECT state, token, endpoint, fingerprint, status, headers, body, truncated, outcome_unknown, sealed,
+	created_at, expires_at
 FROM %s WHERE key = $1 AND `+isLive, table),
 
 		// delete notifies whether or not there was a row: a tier may
@@ -186,8 +181,7 @@ SELECT coalesce((SELECT live FROM gone), false), pg_notify(%s, '%c' || encode($1
 			table, channel, store.EventPurged),
 
 		// inFlight reads no body or headers. The DDL's partial index on
-		// created_at WHERE state = 'in_progress' serves it (tables created
-		// before that index existed scan their live rows instead).
+		// created_at WHERE state = 'in_progress' serves it.
 		inFlight: fmt.Sprintf(`SELECT key, endpoint, created_at, expires_at FROM %s
 WHERE state = 'in_progress' AND expires_at > now() AND created_at <= now() - $1::bigint * interval '1 microsecond'
 ORDER BY created_at, key LIMIT $2`, table),

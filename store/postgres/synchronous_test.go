@@ -31,7 +31,7 @@ func TestSynchronousCommit(t *testing.T) {
 						errs <- err
 						return
 					}
-					errs <- s.Complete(ctx, k, c, &store.Record{Status: 201, Body: []byte("x")}, time.Minute)
+					errs <- s.Complete(ctx, k, c, &store.Response{Status: 201, Body: []byte("x")}, time.Minute)
 				}()
 			}
 			for range 8 {

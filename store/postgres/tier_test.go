@@ -42,11 +42,11 @@ func statements(s *Store, f func()) int64 {
 func complete(t testing.TB, s *Store, k store.Key, body string, ttl time.Duration) *store.Claim {
 	t.Helper()
 	c := claim(time.Minute)
-	if rec, err := s.Acquire(context.Background(), k, c); rec != nil || err != nil {
+	if rec, err := recordOf(s.Acquire(context.Background(), k, c)); rec != nil || err != nil {
 		t.Fatalf("Acquire = %+v, %v", rec, err)
 	}
-	rec := &store.Record{Status: 201, Header: map[string][]string{"Content-Type": {"text/plain"}}, Body: []byte(body)}
-	if err := s.Complete(context.Background(), k, c, rec, ttl); err != nil {
+	resp := &store.Response{Status: 201, Header: map[string][]string{"Content-Type": {"text/plain"}}, Body: []byte(body)}
+	if err := s.Complete(context.Background(), k, c, resp, ttl); err != nil {
 		t.Fatalf("Complete: %v", err)
 	}
 	return c
@@ -54,7 +54,7 @@ func complete(t testing.TB, s *Store, k store.Key, body string, ttl time.Duratio
 
 func replay(t testing.TB, s *Store, k store.Key) *store.Record {
 	t.Helper()
-	rec, err := s.Acquire(context.Background(), k, claim(time.Minute))
+	rec, err := recordOf(s.Acquire(context.Background(), k, claim(time.Minute)))
 	if err != nil || rec == nil || rec.State != store.Completed {
 		t.Fatalf("replay Acquire = %+v, %v; want the completed record", rec, err)
 	}
@@ -116,14 +116,14 @@ func TestTierNeverKeepsAClaim(t *testing.T) {
 	b.Acquire(ctx, k, c)
 	for i := range 2 {
 		if n := statements(a, func() {
-			if rec, err := a.Acquire(ctx, k, claim(time.Minute)); err != nil || rec == nil || rec.State != store.InProgress {
+			if rec, err := recordOf(a.Acquire(ctx, k, claim(time.Minute))); err != nil || rec == nil || rec.State != store.InProgress {
 				t.Fatalf("duplicate Acquire = %+v, %v", rec, err)
 			}
 		}); n != 1 {
 			t.Fatalf("duplicate %d of a claim ran %d statements, want 1", i+1, n)
 		}
 	}
-	if err := b.Complete(ctx, k, c, &store.Record{Status: 200, Body: []byte("done")}, time.Minute); err != nil {
+	if err := b.Complete(ctx, k, c, &store.Response{Status: 200, Body: []byte("done")}, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	if rec := replay(t, a, k); string(rec.Body) != "done" {
@@ -149,7 +149,7 @@ func TestPurgeEvictsFromEveryTier(t *testing.T) {
 		t.Fatal("the purging instance's own tier kept the record")
 	}
 	waitFor(t, "b's tier to drop the purged record", func() bool { return b.tier.Get(k) == nil })
-	if rec, err := b.Acquire(context.Background(), k, claim(time.Minute)); rec != nil || err != nil {
+	if rec, err := recordOf(b.Acquire(context.Background(), k, claim(time.Minute))); rec != nil || err != nil {
 		t.Fatalf("Acquire on b after the purge = %+v, %v; want a claim", rec, err)
 	}
 
@@ -220,7 +220,7 @@ func TestTierHonoursTheExpiry(t *testing.T) {
 	}
 	time.Sleep(400 * time.Millisecond)
 	for _, k := range []store.Key{short, fromRow} {
-		if rec, err := s.Acquire(context.Background(), k, claim(time.Minute)); rec != nil || err != nil {
+		if rec, err := recordOf(s.Acquire(context.Background(), k, claim(time.Minute))); rec != nil || err != nil {
 			t.Fatalf("Acquire after the TTL = %+v, %v; want a claim", rec, err)
 		}
 	}
@@ -278,7 +278,7 @@ func TestTierSharedAcrossReloads(t *testing.T) {
 // tier.
 func BenchmarkReplayLocalCache(b *testing.B) {
 	s := openCached(b, shared.DSN(), 1<<20)
-	k := storetest.BenchmarkReplay(b, s, storetest.JSONRecord())
+	k := storetest.BenchmarkReplay(b, s, storetest.JSONResponse())
 	if statements(s, func() { s.Acquire(context.Background(), k, claim(time.Minute)) }) != 0 {
 		b.Fatal("the replays did not come from the tier")
 	}

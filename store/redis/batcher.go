@@ -105,8 +105,9 @@ type queued struct {
 // large completions goes out as several batches; a call larger than this
 // goes alone. maxBatchCalls bounds what it reads: a claim's reply can be a
 // whole stored record, so a batch of replays of 1 MiB responses reads up
-// to 16 MiB within read_timeout. Measured, 500 concurrent replays of 1 MiB
-// records in unbounded batches timed out 499 times on loopback.
+// to 16 MiB within read_timeout. In unbounded batches, nearly every one
+// of a burst of concurrent replays of large records times out, even on
+// loopback.
 const (
 	maxBatchBytes = 256 << 10
 	maxBatchCalls = 16
@@ -152,9 +153,8 @@ func (b *batcher) Process(ctx context.Context, cmd goredis.Cmder) error {
 	if len(l.queue) >= maxBatchCalls || l.queued >= maxBatchBytes {
 		// A full batch would gain nothing by waiting for the wire: it
 		// goes now, on a wire of its own. Without this, one wire caps
-		// a node at maxBatchCalls calls a round trip: measured over a
-		// 2.8 ms round trip, 32 clients ran 14 to 20% slower than
-		// unpipelined.
+		// a node at maxBatchCalls calls a round trip, and over a slow
+		// round trip many clients run slower than unpipelined.
 		l.onWire++
 		l.sendFirst()
 	}

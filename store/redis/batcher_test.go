@@ -93,7 +93,7 @@ func burst(t *testing.T, opener func(), checks []check) {
 
 func wantReplay(s *Store, k store.Key, body string) func(context.Context) error {
 	return func(ctx context.Context) error {
-		rec, err := s.Acquire(ctx, k, claim())
+		rec, err := acquireRecord(ctx, s, k, claim())
 		if err != nil || rec == nil || rec.State != store.Completed || string(rec.Body) != body {
 			return fmt.Errorf("Acquire = %+v, %v; want the record with body %q", rec, err, body)
 		}
@@ -103,7 +103,7 @@ func wantReplay(s *Store, k store.Key, body string) func(context.Context) error 
 
 func wantClaim(s *Store, k store.Key) func(context.Context) error {
 	return func(ctx context.Context) error {
-		if rec, err := s.Acquire(ctx, k, claim()); rec != nil || err != nil {
+		if rec, err := acquireRecord(ctx, s, k, claim()); rec != nil || err != nil {
 			return fmt.Errorf("Acquire = %+v, %v; want a claim", rec, err)
 		}
 		return nil
@@ -111,7 +111,7 @@ func wantClaim(s *Store, k store.Key) func(context.Context) error {
 }
 
 func wantComplete(s *Store, k store.Key, c *store.Claim, body string) func(context.Context) error {
-	return func(ctx context.Context) error { return s.Complete(ctx, k, c, testRecord(body), time.Minute) }
+	return func(ctx context.Context) error { return s.Complete(ctx, k, c, testResponse(body), time.Minute) }
 }
 
 // Calls made while one is on the wire go out together, one round trip for
@@ -134,7 +134,7 @@ func TestPipelinedCallsShareRoundTrips(t *testing.T) {
 			for i := range 4 {
 				k := storetest.NewKey()
 				c := mustClaimKey(t, s, k)
-				if err := s.Complete(ctx, k, c, testRecord(fmt.Sprint("replay-", i)), time.Minute); err != nil {
+				if err := s.Complete(ctx, k, c, testResponse(fmt.Sprint("replay-", i)), time.Minute); err != nil {
 					t.Fatal(err)
 				}
 				checks = append(checks, check{fmt.Sprint("replay ", i), wantReplay(s, k, fmt.Sprint("replay-", i))})
@@ -150,7 +150,7 @@ func TestPipelinedCallsShareRoundTrips(t *testing.T) {
 			holder := mustClaimKey(t, s, held)
 			_ = s.Release(ctx, held, storetest.NewToken()) // loads the script: no NOSCRIPT below
 			checks = append(checks, check{"conflict", func(ctx context.Context) error {
-				rec, err := s.Acquire(ctx, held, claim())
+				rec, err := acquireRecord(ctx, s, held, claim())
 				if err != nil || rec == nil || rec.State != store.InProgress || rec.Token != holder.Token {
 					return fmt.Errorf("Acquire = %+v, %v; want the holder's claim", rec, err)
 				}
@@ -242,7 +242,7 @@ func TestClusterPipelinedRedirects(t *testing.T) {
 	to := (from + 1) % 3
 	held := mustClaimKey(t, s, moving)
 	done := keyInSlot(t, s, slot)
-	if err := s.Complete(ctx, done, mustClaimKey(t, s, done), testRecord("done"), time.Minute); err != nil {
+	if err := s.Complete(ctx, done, mustClaimKey(t, s, done), testResponse("done"), time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	elsewhere := make([]store.Key, 4)
@@ -280,7 +280,7 @@ func TestClusterPipelinedRedirects(t *testing.T) {
 		{"replay through MOVED", wantReplay(s, moving, "moved")},
 		{"new key through MOVED", wantClaim(s, keyInSlot(t, s, slot))},
 		{"conflict through MOVED", func(ctx context.Context) error {
-			rec, err := s.Acquire(ctx, fresh[0], claim())
+			rec, err := acquireRecord(ctx, s, fresh[0], claim())
 			if err != nil || rec == nil || rec.State != store.InProgress {
 				return fmt.Errorf("Acquire = %+v, %v; want the claim made during the migration", rec, err)
 			}
@@ -372,11 +372,11 @@ func BenchmarkConcurrentNewKeys(b *testing.B) {
 					wg.Go(func() {
 						for next.Add(1) <= int64(b.N) {
 							k, c := storetest.NewKey(), claim()
-							if rec, err := s.Acquire(ctx, k, c); rec != nil || err != nil {
+							if rec, err := acquireRecord(ctx, s, k, c); rec != nil || err != nil {
 								b.Error(rec, err)
 								return
 							}
-							if err := s.Complete(ctx, k, c, testRecord("ok"), time.Minute); err != nil {
+							if err := s.Complete(ctx, k, c, testResponse("ok"), time.Minute); err != nil {
 								b.Error(err)
 								return
 							}

@@ -41,15 +41,15 @@ func keyInSlot(t testing.TB, s *Store, slot int) store.Key {
 	return store.Key{}
 }
 
-func testRecord(body string) *store.Record {
-	return &store.Record{Status: 201, Header: http.Header{"Content-Type": {"text/plain"}}, Body: []byte(body)}
+func testResponse(body string) *store.Response {
+	return &store.Response{Status: 201, Header: http.Header{"Content-Type": {"text/plain"}}, Body: []byte(body)}
 }
 
 // mustClaim acquires k for a fresh claim and fails unless it was claimed.
 func mustClaimKey(t testing.TB, s *Store, k store.Key) *store.Claim {
 	t.Helper()
 	c := claim()
-	if rec, err := s.Acquire(context.Background(), k, c); rec != nil || err != nil {
+	if rec, err := acquireRecord(context.Background(), s, k, c); rec != nil || err != nil {
 		t.Fatalf("Acquire = %+v, %v; want a claim", rec, err)
 	}
 	return c
@@ -59,7 +59,7 @@ func mustClaimKey(t testing.TB, s *Store, k store.Key) *store.Claim {
 // body (completed) or owned by tok (in progress).
 func wantStoredRecord(t testing.TB, s *Store, k store.Key, state store.State, body string, tok store.Token) {
 	t.Helper()
-	rec, err := s.Acquire(context.Background(), k, claim())
+	rec, err := acquireRecord(context.Background(), s, k, claim())
 	switch {
 	case err != nil:
 		t.Fatalf("Acquire: %v", err)
@@ -132,7 +132,7 @@ func testClusterSpread(t *testing.T, cl *testredis.Cluster) {
 			defer wg.Done()
 			errs <- func() error {
 				k, c := keys[i], claim()
-				if rec, err := s.Acquire(ctx, k, c); rec != nil || err != nil {
+				if rec, err := acquireRecord(ctx, s, k, c); rec != nil || err != nil {
 					return fmt.Errorf("Acquire = %+v, %v", rec, err)
 				}
 				if err := s.Renew(ctx, k, c.Token, time.Minute); err != nil {
@@ -144,14 +144,14 @@ func testClusterSpread(t *testing.T, cl *testredis.Cluster) {
 						return fmt.Errorf("Release: %w", err)
 					}
 					c = claim()
-					if rec, err := s.Acquire(ctx, k, c); rec != nil || err != nil {
+					if rec, err := acquireRecord(ctx, s, k, c); rec != nil || err != nil {
 						return fmt.Errorf("Acquire after Release = %+v, %v", rec, err)
 					}
 				}
-				if err := s.Complete(ctx, k, c, testRecord(strconv.Itoa(i)), time.Minute); err != nil {
+				if err := s.Complete(ctx, k, c, testResponse(strconv.Itoa(i)), time.Minute); err != nil {
 					return fmt.Errorf("Complete: %w", err)
 				}
-				rec, err := s.Acquire(ctx, k, claim())
+				rec, err := acquireRecord(ctx, s, k, claim())
 				if err != nil || rec == nil || string(rec.Body) != strconv.Itoa(i) {
 					return fmt.Errorf("replay = %+v, %v", rec, err)
 				}
@@ -201,7 +201,7 @@ func TestClusterSlotMigration(t *testing.T) {
 
 	ca := mustClaimKey(t, s, a) // in flight across the migration
 	cb := mustClaimKey(t, s, b) // completed before it
-	if err := s.Complete(ctx, b, cb, testRecord("b"), time.Minute); err != nil {
+	if err := s.Complete(ctx, b, cb, testResponse("b"), time.Minute); err != nil {
 		t.Fatal(err)
 	}
 
@@ -233,10 +233,10 @@ func TestClusterSlotMigration(t *testing.T) {
 	if err := s.Renew(ctx, a, ca.Token, time.Minute); err != nil {
 		t.Fatalf("Renew during the migration: %v", err)
 	}
-	if err := s.Complete(ctx, a, &store.Claim{Token: storetest.NewToken()}, testRecord("stranger"), time.Minute); !errors.Is(err, store.ErrNotOwner) {
+	if err := s.Complete(ctx, a, &store.Claim{Token: storetest.NewToken()}, testResponse("stranger"), time.Minute); !errors.Is(err, store.ErrNotOwner) {
 		t.Fatalf("Complete by a stranger during the migration = %v, want ErrNotOwner", err)
 	}
-	if err := s.Complete(ctx, a, ca, testRecord("a"), time.Minute); err != nil {
+	if err := s.Complete(ctx, a, ca, testResponse("a"), time.Minute); err != nil {
 		t.Fatalf("Complete during the migration: %v", err)
 	}
 	wantStoredRecord(t, s, a, store.Completed, "a", store.Token{})
@@ -249,7 +249,7 @@ func TestClusterSlotMigration(t *testing.T) {
 	// The client's slot map is stale now: MOVED, then the new owner.
 	wantStoredRecord(t, s, a, store.Completed, "a", store.Token{})
 	wantStoredRecord(t, s, b, store.Completed, "b", store.Token{})
-	if err := s.Complete(ctx, c, cc, testRecord("c"), time.Minute); err != nil {
+	if err := s.Complete(ctx, c, cc, testResponse("c"), time.Minute); err != nil {
 		t.Fatalf("Complete after the migration: %v", err)
 	}
 	wantStoredRecord(t, s, c, store.Completed, "c", store.Token{})
@@ -285,7 +285,7 @@ func TestClusterFailoverDuringRequest(t *testing.T) {
 
 	c := mustClaimKey(t, s, k)
 	cd := mustClaimKey(t, s, done)
-	if err := s.Complete(ctx, done, cd, testRecord("done"), time.Minute); err != nil {
+	if err := s.Complete(ctx, done, cd, testResponse("done"), time.Minute); err != nil {
 		t.Fatal(err)
 	}
 
@@ -301,7 +301,7 @@ func TestClusterFailoverDuringRequest(t *testing.T) {
 	if err := s.Renew(ctx, k, c.Token, time.Minute); err != nil {
 		t.Fatalf("Renew after the failover: %v", err)
 	}
-	if err := s.Complete(ctx, k, c, testRecord("k"), time.Minute); err != nil {
+	if err := s.Complete(ctx, k, c, testResponse("k"), time.Minute); err != nil {
 		t.Fatalf("Complete after the failover: %v", err)
 	}
 	wantStoredRecord(t, s, k, store.Completed, "k", store.Token{})
@@ -359,7 +359,7 @@ func TestClusterMasterCrash(t *testing.T) {
 	for time.Since(killed) < 3*time.Second {
 		for node, k := range keys {
 			start := time.Now()
-			rec, err := s.Acquire(ctx, k, claim())
+			rec, err := acquireRecord(ctx, s, k, claim())
 			took := time.Since(start)
 			if took > 1500*time.Millisecond {
 				t.Errorf("Acquire on node %d's slot took %v after the crash", node, took)

@@ -47,7 +47,7 @@ func TestNotifyReportsAnEndedClaim(t *testing.T) {
 		t.Fatal("Notify of an absent key reported a claim in progress")
 	}
 	s.Acquire(ctx, k, c)
-	if err := s.Complete(ctx, k, c, &store.Record{Status: 200}, time.Minute); err != nil {
+	if err := s.Complete(ctx, k, c, &store.Response{Status: 200}, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	if storetest.Notify(t, s, k) {
@@ -88,14 +88,14 @@ func TestWatchedFlagKeepsTheClaim(t *testing.T) {
 	if ttl, err := srv.Client().PTTL(ctx, s.key(k)).Result(); err != nil || ttl <= 5*time.Second || ttl > 10*time.Second {
 		t.Fatalf("the watched claim's TTL is %v, %v; want its 10s lease", ttl, err)
 	}
-	rec, err := s.Acquire(ctx, k, claim())
+	rec, err := acquireRecord(ctx, s, k, claim())
 	if err != nil || rec == nil || rec.State != store.InProgress || rec.Token != c.Token || rec.Endpoint != c.Endpoint || rec.Fingerprint != c.Fingerprint {
 		t.Fatalf("the watched claim reads as %+v, %v", rec, err)
 	}
 	if err := s.Renew(ctx, k, c.Token, time.Minute); err != nil {
 		t.Fatalf("Renew of a watched claim: %v", err)
 	}
-	if err := s.Complete(ctx, k, c, testRecord("done"), time.Minute); err != nil {
+	if err := s.Complete(ctx, k, c, testResponse("done"), time.Minute); err != nil {
 		t.Fatalf("Complete of a watched claim: %v", err)
 	}
 	if flags(t, srv, s, k)&store.FlagWatched != 0 {
@@ -116,7 +116,7 @@ func TestPublishesOnlyWhenSomeoneWaits(t *testing.T) {
 			storetest.Notify(t, s, k)
 		}
 		return commands(t, srv, func() {
-			if err := s.Complete(ctx, k, c, &store.Record{Status: 200}, time.Minute); err != nil {
+			if err := s.Complete(ctx, k, c, &store.Response{Status: 200}, time.Minute); err != nil {
 				t.Fatal(err)
 			}
 		})

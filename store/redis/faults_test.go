@@ -56,14 +56,14 @@ func everyCall(s *Store) []timedCall {
 		calls = append(calls, timedCall{name, time.Since(start), err})
 	}
 	run("Acquire", func() error {
-		rec, err := s.Acquire(ctx, k, c)
+		rec, err := acquireRecord(ctx, s, k, c)
 		if err == nil && rec != nil {
 			return errors.New("a fresh key was found claimed")
 		}
 		return err
 	})
 	run("Renew", func() error { return s.Renew(ctx, k, c.Token, time.Minute) })
-	run("Complete", func() error { return s.Complete(ctx, k, c, testRecord("x"), time.Minute) })
+	run("Complete", func() error { return s.Complete(ctx, k, c, testResponse("x"), time.Minute) })
 	k, c = storetest.NewKey(), claim()
 	run("Acquire", func() error { _, err := s.Acquire(ctx, k, c); return err })
 	run("Release", func() error { return s.Release(ctx, k, c.Token) })
@@ -154,10 +154,10 @@ func TestFaultLatencyAboveReadTimeout(t *testing.T) {
 	p.Heal()
 	// A duplicate sees the claim; the owner's own retry is its claim again.
 	wantStoredRecord(t, s, k, store.InProgress, "", c.Token)
-	if rec, err := s.Acquire(ctx, k, c); rec != nil || err != nil {
+	if rec, err := acquireRecord(ctx, s, k, c); rec != nil || err != nil {
 		t.Fatalf("the owner's retry = %+v, %v; want its own claim", rec, err)
 	}
-	if err := s.Complete(ctx, k, c, testRecord("late"), time.Minute); err != nil {
+	if err := s.Complete(ctx, k, c, testResponse("late"), time.Minute); err != nil {
 		t.Fatalf("Complete after the link healed: %v", err)
 	}
 	wantStoredRecord(t, s, k, store.Completed, "late", store.Token{})
@@ -214,7 +214,7 @@ func TestFaultCutConnections(t *testing.T) {
 		before := p.Accepted()
 		p.Cut()
 		k, c := storetest.NewKey(), claim()
-		if rec, err := s.Acquire(ctx, k, c); rec != nil || err != nil {
+		if rec, err := acquireRecord(ctx, s, k, c); rec != nil || err != nil {
 			t.Fatalf("round %d: Acquire after a cut = %+v, %v", i, rec, err)
 		}
 		p.Cut()
@@ -222,7 +222,7 @@ func TestFaultCutConnections(t *testing.T) {
 			t.Fatalf("round %d: Renew after a cut: %v", i, err)
 		}
 		p.Cut()
-		if err := s.Complete(ctx, k, c, testRecord("cut"), time.Minute); err != nil {
+		if err := s.Complete(ctx, k, c, testResponse("cut"), time.Minute); err != nil {
 			t.Fatalf("round %d: Complete after a cut: %v", i, err)
 		}
 		p.Cut()
@@ -247,7 +247,7 @@ func TestFaultCutInFlight(t *testing.T) {
 		// The cut lands before, during or after the round trip.
 		timer := time.AfterFunc(time.Duration(i)*2*time.Millisecond, p.Cut)
 		start := time.Now()
-		rec, err := s.Acquire(ctx, k, c)
+		rec, err := acquireRecord(ctx, s, k, c)
 		took := time.Since(start)
 		timer.Stop()
 		if took > callBound {
@@ -257,14 +257,14 @@ func TestFaultCutInFlight(t *testing.T) {
 		case err == nil && rec == nil:
 			ok++
 			wantStoredRecord(t, s, k, store.InProgress, "", c.Token)
-			if err := s.Complete(ctx, k, c, testRecord("x"), time.Minute); err != nil {
+			if err := s.Complete(ctx, k, c, testResponse("x"), time.Minute); err != nil {
 				t.Fatalf("Complete after a cut Acquire that claimed: %v", err)
 			}
 		case errors.Is(err, store.ErrUnavailable):
 			unavailable++
 			// The claim may or may not have been made; if it was, it is
 			// ours and our retry finds it.
-			if rec, err := s.Acquire(ctx, k, c); rec != nil || err != nil {
+			if rec, err := acquireRecord(ctx, s, k, c); rec != nil || err != nil {
 				t.Fatalf("retry after an unavailable Acquire = %+v, %v; want the claim", rec, err)
 			}
 		default:
@@ -321,7 +321,7 @@ func TestFaultLateReplyThenRetry(t *testing.T) {
 	t.Run("Acquire", func(t *testing.T) {
 		k, c := storetest.NewKey(), claim()
 		var rec *store.Record
-		err, took := lateReply(func() (err error) { rec, err = s.Acquire(ctx, k, c); return err })
+		err, took := lateReply(func() (err error) { rec, err = acquireRecord(ctx, s, k, c); return err })
 		// The retry finds the claim the first attempt made: it is ours.
 		if err != nil || rec != nil {
 			t.Fatalf("Acquire whose first answer was late = %+v, %v; want the claim", rec, err)
@@ -344,7 +344,7 @@ func TestFaultLateReplyThenRetry(t *testing.T) {
 		k, c := storetest.NewKey(), claim()
 		mustAcquireFresh(t, s, k, c)
 		err, _ := lateReply(func() error {
-			return s.Complete(ctx, k, c, testRecord("stored"), time.Minute)
+			return s.Complete(ctx, k, c, testResponse("stored"), time.Minute)
 		})
 		// The first attempt stored the response: it replays, and nobody
 		// can take the key over. The retry's script finds the record this
@@ -364,7 +364,7 @@ func TestFaultLateReplyThenRetry(t *testing.T) {
 		if err != nil && !errors.Is(err, store.ErrNotOwner) {
 			t.Fatalf("Release whose first answer was late = %v", err)
 		}
-		if rec, err := s.Acquire(ctx, k, claim()); rec != nil || err != nil {
+		if rec, err := acquireRecord(ctx, s, k, claim()); rec != nil || err != nil {
 			t.Fatalf("Acquire after the release = %+v, %v; want a new claim", rec, err)
 		}
 		t.Logf("Release whose first answer was late returned %v", err)
@@ -373,7 +373,7 @@ func TestFaultLateReplyThenRetry(t *testing.T) {
 
 func mustAcquireFresh(t *testing.T, s *Store, k store.Key, c *store.Claim) {
 	t.Helper()
-	if rec, err := s.Acquire(context.Background(), k, c); rec != nil || err != nil {
+	if rec, err := acquireRecord(context.Background(), s, k, c); rec != nil || err != nil {
 		t.Fatalf("Acquire = %+v, %v; want a claim", rec, err)
 	}
 }

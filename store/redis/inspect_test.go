@@ -41,8 +41,8 @@ func TestInFlightScan(t *testing.T) {
 	p := rdb.Pipeline()
 	body := []byte(strings.Repeat("b", 3*peekLen))
 	for i := range 2500 {
-		rec := &store.Record{State: store.Completed, Status: 201, CreatedAt: time.Now().Add(-time.Hour),
-			Header: http.Header{"Content-Type": {"text/plain"}}, Endpoint: "POST example.com/done"}
+		rec := &store.Record{State: store.Completed, CreatedAt: time.Now().Add(-time.Hour), Endpoint: "POST example.com/done",
+			Response: store.Response{Status: 201, Header: http.Header{"Content-Type": {"text/plain"}}}}
 		if i%10 == 0 {
 			rec.Body = body
 		}
@@ -58,14 +58,14 @@ func TestInFlightScan(t *testing.T) {
 		if i == 0 {
 			c.Endpoint = "POST example.com/" + strings.Repeat("x", 2*peekLen)
 		}
-		if rec, err := s.Acquire(ctx, k, c); rec != nil || err != nil {
+		if rec, err := acquireRecord(ctx, s, k, c); rec != nil || err != nil {
 			t.Fatal(rec, err)
 		}
 		want[k] = c.Endpoint
 	}
 	// A claim without expiry, as someone may have restored by hand.
 	forever, fc := storetest.NewKey(), claim()
-	rdb.Set(ctx, s.key(forever), store.AppendClaim(nil, fc, time.Now()), 0)
+	rdb.Set(ctx, s.key(forever), store.AppendClaim(nil, fc), 0)
 	want[forever] = fc.Endpoint
 	// Keys of the pattern that are not records of this store.
 	rdb.Set(ctx, "te*st[x]:{not-hex}", "x", 0)

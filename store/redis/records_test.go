@@ -37,10 +37,10 @@ func TestUnavailableThenRecovers(t *testing.T) {
 	// The same store, with no help, works once Redis is back.
 	srv.Restart(t)
 	k, c := storetest.NewKey(), claim()
-	if rec, err := s.Acquire(ctx, k, c); rec != nil || err != nil {
+	if rec, err := acquireRecord(ctx, s, k, c); rec != nil || err != nil {
 		t.Fatalf("Acquire after the restart = %+v, %v; want a claim", rec, err)
 	}
-	if err := s.Complete(ctx, k, c, &store.Record{Status: 204}, time.Minute); err != nil {
+	if err := s.Complete(ctx, k, c, &store.Response{Status: 204}, time.Minute); err != nil {
 		t.Fatalf("Complete after the restart: %v", err)
 	}
 }
@@ -64,7 +64,7 @@ func TestRoundTrips(t *testing.T) {
 	// Warm up: load the script and open the connection.
 	k, c := storetest.NewKey(), claim()
 	s.Acquire(ctx, k, c)
-	if err := s.Complete(ctx, k, c, &store.Record{Status: 200}, time.Minute); err != nil {
+	if err := s.Complete(ctx, k, c, &store.Response{Status: 200}, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 
@@ -88,26 +88,26 @@ func TestRoundTrips(t *testing.T) {
 	k, c = storetest.NewKey(), claim()
 	// Redis also counts the commands a script runs: the script's GETRANGE
 	// and SET appear beside the EVALSHA, which is one round trip. The
-	// script reads no more than the claim's 61-byte head (the owner prefix,
+	// script reads no more than the claim's 69-byte head (the owner prefix,
 	// and the flags that tell whether someone waits): the record it stores
 	// comes whole from the handler. Nobody waits: nothing is published.
 	measure("a first execution", 2, map[string]int64{"set": 2, "evalsha": 1, "getrange": 1}, func() {
-		if rec, err := s.Acquire(ctx, k, c); rec != nil || err != nil {
+		if rec, err := acquireRecord(ctx, s, k, c); rec != nil || err != nil {
 			t.Fatalf("Acquire = %+v, %v", rec, err)
 		}
-		if err := s.Complete(ctx, k, c, &store.Record{Status: 201, Body: []byte("ok")}, time.Minute); err != nil {
+		if err := s.Complete(ctx, k, c, &store.Response{Status: 201, Body: []byte("ok")}, time.Minute); err != nil {
 			t.Fatalf("Complete: %v", err)
 		}
 	})
 	measure("a replay", 1, map[string]int64{"set": 1}, func() {
-		if rec, err := s.Acquire(ctx, k, claim()); err != nil || rec == nil || rec.Status != 201 {
+		if rec, err := acquireRecord(ctx, s, k, claim()); err != nil || rec == nil || rec.Status != 201 {
 			t.Fatalf("replay Acquire = %+v, %v", rec, err)
 		}
 	})
 	k2 := storetest.NewKey()
 	s.Acquire(ctx, k2, claim())
 	measure("a conflict", 1, map[string]int64{"set": 1}, func() {
-		if rec, err := s.Acquire(ctx, k2, claim()); err != nil || rec == nil || rec.State != store.InProgress {
+		if rec, err := acquireRecord(ctx, s, k2, claim()); err != nil || rec == nil || rec.State != store.InProgress {
 			t.Fatalf("conflicting Acquire = %+v, %v", rec, err)
 		}
 	})
@@ -115,24 +115,28 @@ func TestRoundTrips(t *testing.T) {
 
 func TestCompleteKeepsClaimBinding(t *testing.T) {
 	s := open(t, testredis.Start(t))
+	// The record keeps the claim's time; its expiry is by the clock of
+	// the completion.
 	created := time.Date(2025, 3, 1, 12, 0, 0, 123456789, time.UTC)
-	now = func() time.Time { return created }
+	completedAt := created.Add(time.Second)
+	now = func() time.Time { return completedAt }
 	t.Cleanup(func() { now = time.Now })
 
 	ctx := context.Background()
 	k, c := storetest.NewKey(), claim()
 	c.Endpoint = strings.Repeat("POST example.com/long/path/", 20) // a multi-byte length prefix
+	c.CreatedAt = created
 	s.Acquire(ctx, k, c)
-	rec := &store.Record{Status: 409, Header: http.Header{"A": {"1"}}, Body: []byte{0, 1, 2}, Truncated: true}
-	if err := s.Complete(ctx, k, c, rec, time.Minute); err != nil {
+	resp := &store.Response{Status: 409, Header: http.Header{"A": {"1"}}, Body: []byte{0, 1, 2}, Truncated: true}
+	if err := s.Complete(ctx, k, c, resp, time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	got, err := s.Acquire(ctx, k, claim())
+	got, err := acquireRecord(ctx, s, k, claim())
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := &store.Record{State: store.Completed, Token: c.Token, Endpoint: c.Endpoint, Fingerprint: c.Fingerprint,
-		CreatedAt: created, Status: 409, Header: rec.Header, Body: rec.Body, Truncated: true, ExpiresAt: created.Add(time.Minute)}
+		CreatedAt: created, Response: *resp, ExpiresAt: completedAt.Add(time.Minute)}
 	got.CreatedAt, got.ExpiresAt = got.CreatedAt.UTC(), got.ExpiresAt.UTC()
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("completed record =\n%+v\nwant\n%+v", got, want)
@@ -144,7 +148,7 @@ func TestAcquireOwnClaimIsAClaim(t *testing.T) {
 	s := open(t, testredis.Start(t))
 	k, c := storetest.NewKey(), claim()
 	for i := range 2 {
-		if rec, err := s.Acquire(context.Background(), k, c); rec != nil || err != nil {
+		if rec, err := acquireRecord(context.Background(), s, k, c); rec != nil || err != nil {
 			t.Fatalf("Acquire #%d = %+v, %v; want a claim", i+1, rec, err)
 		}
 	}
@@ -181,5 +185,5 @@ func BenchmarkReplayLocalCache(b *testing.B) {
 }
 
 func benchmarkReplay(b *testing.B, s *Store) {
-	storetest.BenchmarkReplay(b, s, &store.Record{Status: 200, Body: []byte(strings.Repeat("x", 1024))})
+	storetest.BenchmarkReplay(b, s, &store.Response{Status: 200, Body: []byte(strings.Repeat("x", 1024))})
 }

@@ -143,7 +143,13 @@ func TestPasswordIsRedacted(t *testing.T) {
 }
 
 func claim() *store.Claim {
-	return &store.Claim{Token: storetest.NewToken(), Endpoint: "POST example.com/orders", Lease: time.Minute}
+	return &store.Claim{Token: storetest.NewToken(), Endpoint: "POST example.com/orders", CreatedAt: time.Now(), Lease: time.Minute}
+}
+
+// acquireRecord is s.Acquire's record: nil when c claimed k.
+func acquireRecord(ctx context.Context, s store.Store, k store.Key, c *store.Claim) (*store.Record, error) {
+	got, err := s.Acquire(ctx, k, c)
+	return got.Record, err
 }
 
 // A reload that changes pool_size gives the new config a client of its

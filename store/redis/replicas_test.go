@@ -76,7 +76,7 @@ func TestMinReplicasRefused(t *testing.T) {
 	s := storetest.Provision(t, failFast(&Store{Addresses: []string{alone.Addr()}, MinReplicas: 1}))
 	alone.Restart(t)
 	k := storetest.NewKey()
-	rec, err := s.Acquire(context.Background(), k, claim())
+	rec, err := acquireRecord(context.Background(), s, k, claim())
 	if !errors.Is(err, store.ErrUnavailable) || !strings.Contains(err.Error(), "too few replicas: 0 of 1 acknowledged the claim") || rec != nil {
 		t.Fatalf("the first claim on a server without replicas = %+v, %v; want too few replicas", rec, err)
 	}
@@ -86,7 +86,7 @@ func TestMinReplicasRefused(t *testing.T) {
 	noWait.Kill()
 	s = storetest.Provision(t, failFast(&Store{Addresses: []string{noWait.Addr()}, MinReplicas: 1}))
 	noWait.Restart(t)
-	rec, err = s.Acquire(context.Background(), storetest.NewKey(), claim())
+	rec, err = acquireRecord(context.Background(), s, storetest.NewKey(), claim())
 	if !errors.Is(err, store.ErrUnavailable) || !strings.Contains(err.Error(), "the server must accept WAIT") || rec != nil {
 		t.Fatalf("the first claim on a server without WAIT = %+v, %v; want the refusal", rec, err)
 	}
@@ -125,7 +125,7 @@ func TestMinReplicasWithdrawsUnacknowledgedClaim(t *testing.T) {
 	link.Blackhole(true)
 	k := storetest.NewKey()
 	start := time.Now()
-	rec, err := s.Acquire(ctx, k, claim())
+	rec, err := acquireRecord(ctx, s, k, claim())
 	took := time.Since(start)
 	if !errors.Is(err, store.ErrUnavailable) || !errors.Is(err, errTooFewReplicas) || rec != nil {
 		t.Fatalf("Acquire with the replica cut off = %+v, %v; want ErrUnavailable (too few replicas)", rec, err)
@@ -147,7 +147,7 @@ func TestMinReplicasWithdrawsUnacknowledgedClaim(t *testing.T) {
 	var c *store.Claim
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		k, c = storetest.NewKey(), claim()
-		if rec, err = s.Acquire(ctx, k, c); err == nil || time.Now().After(deadline) {
+		if rec, err = acquireRecord(ctx, s, k, c); err == nil || time.Now().After(deadline) {
 			break
 		}
 	}
@@ -157,7 +157,7 @@ func TestMinReplicasWithdrawsUnacknowledgedClaim(t *testing.T) {
 	if n, err := replica.Exists(ctx, s.key(k)).Result(); err != nil || n != 1 {
 		t.Fatalf("the acknowledged claim is not on the replica: %d, %v", n, err)
 	}
-	if err := s.Complete(ctx, k, c, testRecord("done"), time.Minute); err != nil {
+	if err := s.Complete(ctx, k, c, testResponse("done"), time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	if v, err := replica.Get(ctx, s.key(k)).Bytes(); err != nil || store.Encoded(v).State() != store.Completed {
@@ -177,7 +177,7 @@ func TestMinReplicasPausedReplica(t *testing.T) {
 
 	done, inFlight := storetest.NewKey(), storetest.NewKey()
 	cd, ci := mustClaimKey(t, s, done), mustClaimKey(t, s, inFlight)
-	if err := s.Complete(ctx, done, cd, testRecord("before"), time.Minute); err != nil {
+	if err := s.Complete(ctx, done, cd, testResponse("before"), time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	completions := testutil.ToFloat64(s.replicas.shortCompletions)
@@ -186,7 +186,7 @@ func TestMinReplicasPausedReplica(t *testing.T) {
 	for range 5 {
 		k := storetest.NewKey()
 		start := time.Now()
-		rec, err := s.Acquire(ctx, k, claim())
+		rec, err := acquireRecord(ctx, s, k, claim())
 		if took := time.Since(start); took > 500*time.Millisecond {
 			t.Errorf("a claim with the replica paused took %v, want about replica_timeout", took)
 		}
@@ -202,7 +202,7 @@ func TestMinReplicasPausedReplica(t *testing.T) {
 	if took := time.Since(start); took > 50*time.Millisecond {
 		t.Errorf("a replay with the replica paused took %v; replays must not wait", took)
 	}
-	if err := s.Complete(ctx, inFlight, ci, testRecord("during"), time.Minute); err != nil {
+	if err := s.Complete(ctx, inFlight, ci, testResponse("during"), time.Minute); err != nil {
 		t.Fatalf("Complete with the replica paused = %v, want the completion kept", err)
 	}
 	if got := testutil.ToFloat64(s.replicas.shortCompletions) - completions; got != 1 {
@@ -212,7 +212,7 @@ func TestMinReplicasPausedReplica(t *testing.T) {
 
 	sg.Resume(t, sg.InitialReplicaAddr())
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		if rec, err := s.Acquire(ctx, storetest.NewKey(), claim()); err == nil && rec == nil {
+		if rec, err := acquireRecord(ctx, s, storetest.NewKey(), claim()); err == nil && rec == nil {
 			break
 		} else if time.Now().After(deadline) {
 			t.Fatalf("no claim succeeded within 10s of SIGCONT: %v", err)
@@ -265,7 +265,7 @@ func TestMinReplicasFailoverLosesNoClaim(t *testing.T) {
 					default:
 					}
 					k, c := storetest.NewKey(), claim()
-					rec, err := s.Acquire(ctx, k, c)
+					rec, err := acquireRecord(ctx, s, k, c)
 					mu.Lock()
 					switch {
 					case err == nil && rec == nil:
@@ -305,7 +305,7 @@ func TestMinReplicasFailoverLosesNoClaim(t *testing.T) {
 			if c.at.After(killedAt) {
 				continue
 			}
-			rec, err := lookup.Acquire(ctx, c.key, claim())
+			rec, err := acquireRecord(ctx, lookup, c.key, claim())
 			if err != nil {
 				t.Fatalf("looking a claim up after the failover: %v", err)
 			}
@@ -361,7 +361,7 @@ func TestMinReplicasCluster(t *testing.T) {
 		if err != nil || n != 1 {
 			t.Fatalf("claim %d: not on node %d, the replica of its master %d, when Acquire returned: %d, %v", i, replica, master, n, err)
 		}
-		if err := s.Complete(ctx, k, cl, testRecord(fmt.Sprint(i)), time.Minute); err != nil {
+		if err := s.Complete(ctx, k, cl, testResponse(fmt.Sprint(i)), time.Minute); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -401,7 +401,7 @@ func BenchmarkMinReplicas(b *testing.B) {
 		} else {
 			s = openReplicated(b, sg, "bench")
 		}
-		rec := &store.Record{Status: 200, Body: []byte(strings.Repeat("x", 1024))}
+		resp := &store.Response{Status: 200, Body: []byte(strings.Repeat("x", 1024))}
 		b.Run(fmt.Sprintf("new_key/min_replicas=%d", n), func(b *testing.B) {
 			ctx, c := context.Background(), claim()
 			b.ReportAllocs()
@@ -410,13 +410,13 @@ func BenchmarkMinReplicas(b *testing.B) {
 				if _, err := s.Acquire(ctx, k, c); err != nil {
 					b.Fatal(err)
 				}
-				if err := s.Complete(ctx, k, c, rec, time.Minute); err != nil {
+				if err := s.Complete(ctx, k, c, resp, time.Minute); err != nil {
 					b.Fatal(err)
 				}
 			}
 		})
 		b.Run(fmt.Sprintf("replay/min_replicas=%d", n), func(b *testing.B) {
-			storetest.BenchmarkReplay(b, s, rec)
+			storetest.BenchmarkReplay(b, s, resp)
 		})
 	}
 }
@@ -435,7 +435,7 @@ func TestMinReplicasCompletionResentAfterFailover(t *testing.T) {
 	k := storetest.NewKey()
 	c := mustClaimKey(t, s, k)
 	link.Blackhole(true)
-	if err := s.Complete(ctx, k, c, testRecord("kept"), time.Minute); err != nil {
+	if err := s.Complete(ctx, k, c, testResponse("kept"), time.Minute); err != nil {
 		t.Fatalf("Complete with the link cut = %v, want the completion kept", err)
 	}
 	old := sg.KillMaster(t)
@@ -445,7 +445,7 @@ func TestMinReplicasCompletionResentAfterFailover(t *testing.T) {
 	var rec *store.Record
 	var err error
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		rec, err = lookup.Acquire(ctx, k, claim())
+		rec, err = acquireRecord(ctx, lookup, k, claim())
 		if err == nil && rec != nil && rec.State == store.Completed {
 			break
 		}
@@ -470,7 +470,7 @@ func TestMinReplicasCompleteAfterScriptFlush(t *testing.T) {
 		}
 		k := storetest.NewKey()
 		c := mustClaimKey(t, s, k)
-		if err := s.Complete(ctx, k, c, testRecord(fmt.Sprint(i)), time.Minute); err != nil {
+		if err := s.Complete(ctx, k, c, testResponse(fmt.Sprint(i)), time.Minute); err != nil {
 			t.Fatalf("Complete after SCRIPT FLUSH: %v", err)
 		}
 		if v, err := replica.Get(ctx, s.key(k)).Bytes(); err != nil || store.Encoded(v).State() != store.Completed {

@@ -75,7 +75,7 @@ func TestSentinelFailoverDuringTraffic(t *testing.T) {
 	inFlight, done := storetest.NewKey(), storetest.NewKey()
 	c := mustClaimKey(t, s, inFlight)
 	cd := mustClaimKey(t, s, done)
-	if err := s.Complete(ctx, done, cd, testRecord("done"), time.Minute); err != nil {
+	if err := s.Complete(ctx, done, cd, testResponse("done"), time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	sg.WaitReplicated(t)
@@ -104,7 +104,7 @@ func TestSentinelFailoverDuringTraffic(t *testing.T) {
 				}
 				k, cl := storetest.NewKey(), claim()
 				start := time.Now()
-				rec, err := s.Acquire(ctx, k, cl)
+				rec, err := acquireRecord(ctx, s, k, cl)
 				if err == nil && rec != nil {
 					err = fmt.Errorf("a fresh key was already claimed: %+v", rec)
 				}
@@ -115,7 +115,7 @@ func TestSentinelFailoverDuringTraffic(t *testing.T) {
 				record(o)
 				if err == nil && i%2 == 0 {
 					start = time.Now()
-					err = s.Complete(ctx, k, cl, testRecord("traffic"), time.Minute)
+					err = s.Complete(ctx, k, cl, testResponse("traffic"), time.Minute)
 					record(failoverOp{start: start, err: err, key: k, claim: cl, completed: err == nil})
 				}
 				time.Sleep(2 * time.Millisecond)
@@ -190,7 +190,7 @@ func TestSentinelFailoverDuringTraffic(t *testing.T) {
 			continue // checked through its claim's entry
 		}
 		before++
-		rec, err := s.Acquire(ctx, o.key, claim())
+		rec, err := acquireRecord(ctx, s, o.key, claim())
 		if err != nil {
 			t.Fatalf("Acquire after the failover: %v", err)
 		}
@@ -222,7 +222,7 @@ func TestSentinelFailoverDuringTraffic(t *testing.T) {
 	// the new master.
 	wantStoredRecord(t, s, inFlight, store.InProgress, "", c.Token)
 	wantStoredRecord(t, s, done, store.Completed, "done", store.Token{})
-	if err := s.Complete(ctx, inFlight, c, testRecord("after"), time.Minute); err != nil {
+	if err := s.Complete(ctx, inFlight, c, testResponse("after"), time.Minute); err != nil {
 		t.Fatalf("the owner's Complete on the new master: %v", err)
 	}
 	wantStoredRecord(t, s, inFlight, store.Completed, "after", store.Token{})
@@ -267,7 +267,7 @@ func TestSentinelUnreplicatedClaimIsLost(t *testing.T) {
 	var err error
 	var rec *store.Record
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		rec, err = s.Acquire(ctx, replicated, claim())
+		rec, err = acquireRecord(ctx, s, replicated, claim())
 		if err == nil || time.Now().After(deadline) {
 			break
 		}
@@ -280,10 +280,10 @@ func TestSentinelUnreplicatedClaimIsLost(t *testing.T) {
 	// The unreplicated claim is gone: a duplicate takes the key over, and
 	// the first owner finds it has lost its claim.
 	dup := claim()
-	if rec, err := s.Acquire(ctx, unreplicated, dup); err != nil || rec != nil {
+	if rec, err := acquireRecord(ctx, s, unreplicated, dup); err != nil || rec != nil {
 		t.Fatalf("Acquire of the unreplicated key after the failover = %+v, %v; want a new claim (the old one was lost)", rec, err)
 	}
-	if err := s.Complete(ctx, unreplicated, cu, testRecord("first"), time.Minute); !errors.Is(err, store.ErrNotOwner) {
+	if err := s.Complete(ctx, unreplicated, cu, testResponse("first"), time.Minute); !errors.Is(err, store.ErrNotOwner) {
 		t.Fatalf("the first owner's Complete = %v, want ErrNotOwner", err)
 	}
 }

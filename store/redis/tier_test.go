@@ -40,7 +40,7 @@ func commands(t testing.TB, srv *testredis.Server, f func()) map[string]int64 {
 func complete(t testing.TB, s *Store, k store.Key, body string, ttl time.Duration) *store.Claim {
 	t.Helper()
 	c := mustClaimKey(t, s, k)
-	if err := s.Complete(context.Background(), k, c, testRecord(body), ttl); err != nil {
+	if err := s.Complete(context.Background(), k, c, testResponse(body), ttl); err != nil {
 		t.Fatalf("Complete: %v", err)
 	}
 	return c
@@ -48,7 +48,7 @@ func complete(t testing.TB, s *Store, k store.Key, body string, ttl time.Duratio
 
 func replay(t testing.TB, s *Store, k store.Key) *store.Record {
 	t.Helper()
-	rec, err := s.Acquire(context.Background(), k, claim())
+	rec, err := acquireRecord(context.Background(), s, k, claim())
 	if err != nil || rec == nil || rec.State != store.Completed {
 		t.Fatalf("replay Acquire = %+v, %v; want the completed record", rec, err)
 	}
@@ -79,7 +79,7 @@ func TestTierReplaysWithoutRedis(t *testing.T) {
 		rec.Fingerprint != c.Fingerprint || rec.Header.Get("Content-Type") != "text/plain" {
 		t.Fatalf("the tier replayed %+v for the claim %+v", rec, c)
 	}
-	fromRedis, err := b.Acquire(ctx, k, claim())
+	fromRedis, err := acquireRecord(ctx, b, k, claim())
 	if err != nil || !fromRedis.ExpiresAt.Equal(rec.ExpiresAt) || string(fromRedis.Body) != string(rec.Body) {
 		t.Fatalf("the same record read from Redis = %+v, %v", fromRedis, err)
 	}
@@ -105,7 +105,7 @@ func TestTierNeverKeepsAClaim(t *testing.T) {
 	c := mustClaimKey(t, b, k)
 	for i := range 2 {
 		got := commands(t, srv, func() {
-			if rec, err := a.Acquire(ctx, k, claim()); err != nil || rec == nil || rec.State != store.InProgress {
+			if rec, err := acquireRecord(ctx, a, k, claim()); err != nil || rec == nil || rec.State != store.InProgress {
 				t.Fatalf("duplicate Acquire = %+v, %v", rec, err)
 			}
 		})
@@ -113,7 +113,7 @@ func TestTierNeverKeepsAClaim(t *testing.T) {
 			t.Fatalf("duplicate %d of a claim ran %v, want its SET", i+1, got)
 		}
 	}
-	if err := b.Complete(ctx, k, c, testRecord("done"), time.Minute); err != nil {
+	if err := b.Complete(ctx, k, c, testResponse("done"), time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	if rec := replay(t, a, k); string(rec.Body) != "done" {
@@ -137,7 +137,7 @@ func TestPurgeEvictsFromEveryTier(t *testing.T) {
 		t.Fatalf("Delete = %t, %v", found, err)
 	}
 	waitFor(t, "b's tier to drop the purged record", func() bool { return b.tier.Get(k) == nil })
-	if rec, err := b.Acquire(context.Background(), k, claim()); rec != nil || err != nil {
+	if rec, err := acquireRecord(context.Background(), b, k, claim()); rec != nil || err != nil {
 		t.Fatalf("Acquire on b after the purge = %+v, %v; want a claim", rec, err)
 	}
 }
@@ -159,7 +159,7 @@ func TestRedisRestartFlushesTheTier(t *testing.T) {
 	})
 	srv.Restart(t)
 	live(t, s)
-	if rec, err := s.Acquire(context.Background(), k, claim()); rec != nil || err != nil {
+	if rec, err := acquireRecord(context.Background(), s, k, claim()); rec != nil || err != nil {
 		t.Fatalf("Acquire after the restart = %+v, %v; want a claim in the empty Redis", rec, err)
 	}
 }
@@ -175,7 +175,7 @@ func TestTierHonoursTheExpiry(t *testing.T) {
 		t.Fatalf("a replay before the expiry ran %v", got)
 	}
 	time.Sleep(400 * time.Millisecond)
-	if rec, err := s.Acquire(context.Background(), short, claim()); rec != nil || err != nil {
+	if rec, err := acquireRecord(context.Background(), s, short, claim()); rec != nil || err != nil {
 		t.Fatalf("Acquire after the TTL = %+v, %v; want a claim", rec, err)
 	}
 	if got := commands(t, srv, func() { replay(t, s, long) }); len(got) != 0 {
@@ -211,13 +211,13 @@ func TestTierSizeBound(t *testing.T) {
 	}
 }
 
-// A record written without its expiry (by an older version) is replayed
-// from Redis, never kept: the tier cannot tell how long it may live.
+// A completed record that carries no expiry is replayed from Redis, never
+// kept: the tier cannot tell how long it may live.
 func TestRecordWithoutExpiryIsNotKept(t *testing.T) {
 	srv := testredis.Start(t)
 	s := openCached(t, srv, 1<<20)
 	k := storetest.NewKey()
-	old := store.AppendCompleted(nil, claim(), &store.Record{Status: 200, Body: []byte("old")})
+	old := store.AppendCompleted(nil, claim(), &store.Response{Status: 200, Body: []byte("old")}, time.Time{})
 	if err := srv.Client().Set(context.Background(), s.key(k), old, time.Hour).Err(); err != nil {
 		t.Fatal(err)
 	}

@@ -65,7 +65,7 @@ func Fill(tb testing.TB, s store.Store, n, bodyLen int, claimsOnly bool, lease, 
 			defer wg.Done()
 			ctx := context.Background()
 			for i := w; i < n; i += writers {
-				c := &store.Claim{Token: NewToken(), Endpoint: SizingEndpoint, Fingerprint: store.Fingerprint(NewKey()), Lease: lease}
+				c := &store.Claim{Token: NewToken(), Endpoint: SizingEndpoint, Fingerprint: store.Fingerprint(NewKey()), CreatedAt: time.Now(), Lease: lease}
 				k := NewKey()
 				if _, err := s.Acquire(ctx, k, c); err != nil {
 					errs <- err
@@ -74,8 +74,8 @@ func Fill(tb testing.TB, s store.Store, n, bodyLen int, claimsOnly bool, lease, 
 				if claimsOnly {
 					continue
 				}
-				rec := &store.Record{Status: http.StatusCreated, Header: header, Body: body}
-				if err := s.Complete(ctx, k, c, rec, ttl); err != nil {
+				resp := &store.Response{Status: http.StatusCreated, Header: header, Body: body}
+				if err := s.Complete(ctx, k, c, resp, ttl); err != nil {
 					errs <- err
 					return
 				}
@@ -89,15 +89,15 @@ func Fill(tb testing.TB, s store.Store, n, bodyLen int, claimsOnly bool, lease, 
 	}
 }
 
-// BenchmarkReplay measures a replay: Acquire of a key whose record, rec,
-// is completed and stored in s. It returns the key.
-func BenchmarkReplay(b *testing.B, s store.Store, rec *store.Record) store.Key {
+// BenchmarkReplay measures a replay: Acquire of a key whose response,
+// resp, is completed and stored in s. It returns the key.
+func BenchmarkReplay(b *testing.B, s store.Store, resp *store.Response) store.Key {
 	b.Helper()
 	ctx, k, c := context.Background(), NewKey(), newClaim(time.Minute)
 	if _, err := s.Acquire(ctx, k, c); err != nil {
 		b.Fatal(err)
 	}
-	if err := s.Complete(ctx, k, c, rec, time.Hour); err != nil {
+	if err := s.Complete(ctx, k, c, resp, time.Hour); err != nil {
 		b.Fatal(err)
 	}
 	// One retry's claim serves every replay: a replay records nothing of
@@ -106,15 +106,15 @@ func BenchmarkReplay(b *testing.B, s store.Store, rec *store.Record) store.Key {
 	retry := &store.Claim{Token: NewToken(), Endpoint: c.Endpoint, Fingerprint: c.Fingerprint, Lease: c.Lease}
 	b.ReportAllocs()
 	for b.Loop() {
-		if got, err := s.Acquire(ctx, k, retry); got == nil || err != nil {
+		if got, err := s.Acquire(ctx, k, retry); got.Record == nil || err != nil {
 			b.Fatalf("Acquire = %+v, %v", got, err)
 		}
 	}
 	return k
 }
 
-// JSONRecord is a completed record as a JSON API answers it: a 4 KiB body
-// and its Content-Type.
-func JSONRecord() *store.Record {
-	return &store.Record{Status: http.StatusCreated, Header: http.Header{"Content-Type": {"application/json"}}, Body: make([]byte, 4096)}
+// JSONResponse is a response as a JSON API answers it: a 4 KiB body and
+// its Content-Type.
+func JSONResponse() *store.Response {
+	return &store.Response{Status: http.StatusCreated, Header: http.Header{"Content-Type": {"application/json"}}, Body: make([]byte, 4096)}
 }

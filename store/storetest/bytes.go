@@ -43,7 +43,7 @@ func FuzzBytes(f *testing.F, s store.Store) {
 			t.Fatalf("claim's endpoint = %q, want %q", claim.Endpoint, endpoint)
 		}
 
-		want := &store.Record{
+		want := &store.Response{
 			Status: 201,
 			Header: http.Header{name: {value, value + "2"}, "X-Plain": {"ok"}},
 			Body:   []byte(value),

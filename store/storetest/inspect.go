@@ -118,7 +118,7 @@ func testLookupOutcomeUnknown(t *testing.T, s store.Store) {
 	in := inspector(t, s)
 	k, c := NewKey(), newClaim(time.Minute)
 	mustAcquire(t, s, k, c)
-	if err := s.Complete(ctx(t), k, c, &store.Record{OutcomeUnknown: true}, time.Hour); err != nil {
+	if err := s.Complete(ctx(t), k, c, &store.Response{OutcomeUnknown: true}, time.Hour); err != nil {
 		t.Fatalf("Complete: %v", err)
 	}
 	rec, exp := mustLookup(t, in, k)

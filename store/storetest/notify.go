@@ -70,14 +70,14 @@ func NotifyWakes(t *testing.T, waiter store.Notifier, owner Notifying) {
 		f    func(k store.Key, c *store.Claim) error
 	}{
 		{"Complete", func(k store.Key, c *store.Claim) error {
-			return owner.Complete(ctx, k, c, &store.Record{Status: 201}, time.Minute)
+			return owner.Complete(ctx, k, c, &store.Response{Status: 201}, time.Minute)
 		}},
 		{"Release", func(k store.Key, c *store.Claim) error { return owner.Release(ctx, k, c.Token) }},
 		{"Delete", func(k store.Key, c *store.Claim) error { _, err := owner.Delete(ctx, k); return err }},
 	} {
 		k, c := NewKey(), newClaim(time.Minute)
-		if rec, err := owner.Acquire(ctx, k, c); rec != nil || err != nil {
-			t.Fatalf("Acquire = %v, %v", rec, err)
+		if got, err := owner.Acquire(ctx, k, c); got.Record != nil || err != nil {
+			t.Fatalf("Acquire = %v, %v", got.Record, err)
 		}
 		ended, stop := store.AwaitEnd(k)
 		if !Notify(t, waiter, k) {

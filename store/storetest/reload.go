@@ -31,7 +31,8 @@ func CheckReplacedByReload(t *testing.T, old, replacement Module) {
 	if err := old.Complete(ctx(t), k, c, completed(201, []byte("made")), time.Minute); err != nil {
 		t.Fatalf("Complete after the old config's Cleanup, while its request holds the store: %v", err)
 	}
-	rec, err := replacement.Acquire(ctx(t), k, newClaim(time.Minute))
+	got, err := replacement.Acquire(ctx(t), k, newClaim(time.Minute))
+	rec := got.Record
 	if err != nil || rec == nil || rec.State != store.Completed || string(rec.Body) != "made" {
 		t.Fatalf("the new config's Acquire of the key completed across the reload = %+v, %v; want its response", rec, err)
 	}

@@ -31,6 +31,7 @@ func Run(t *testing.T, open Opener) {
 	t.Run("LargeBinaryBody", func(t *testing.T) { testLargeBinaryBody(t, open(t)) })
 	t.Run("Truncated", func(t *testing.T) { testTruncated(t, open(t)) })
 	t.Run("OutcomeUnknown", func(t *testing.T) { testOutcomeUnknown(t, open(t)) })
+	t.Run("Sealed", func(t *testing.T) { testSealed(t, open(t)) })
 	t.Run("KeysAreIndependent", func(t *testing.T) { testIndependentKeys(t, open(t)) })
 }
 
@@ -49,7 +50,7 @@ func NewKey() store.Key {
 }
 
 func newClaim(lease time.Duration) *store.Claim {
-	c := &store.Claim{Token: NewToken(), Endpoint: "POST example.com/orders", Lease: lease}
+	c := &store.Claim{Token: NewToken(), Endpoint: "POST example.com/orders", CreatedAt: time.Now(), Lease: lease}
 	rand.Read(c.Fingerprint[:])
 	return c
 }
@@ -62,15 +63,15 @@ func ctx(t *testing.T) context.Context {
 
 func mustAcquire(t *testing.T, s store.Store, k store.Key, c *store.Claim) *store.Record {
 	t.Helper()
-	rec, err := s.Acquire(ctx(t), k, c)
+	got, err := s.Acquire(ctx(t), k, c)
 	if err != nil {
 		t.Fatalf("Acquire: %v", err)
 	}
-	return rec
+	return got.Record
 }
 
-func completed(status int, body []byte) *store.Record {
-	return &store.Record{
+func completed(status int, body []byte) *store.Response {
+	return &store.Response{
 		Status: status,
 		Header: http.Header{"Content-Type": {"application/json"}, "X-Multi": {"a", "b"}},
 		Body:   body,
@@ -106,7 +107,8 @@ func testClaimRace(t *testing.T, s store.Store) {
 		go func() {
 			defer wg.Done()
 			<-start
-			rec, err := s.Acquire(context.Background(), k, newClaim(time.Minute))
+			got, err := s.Acquire(context.Background(), k, newClaim(time.Minute))
+			rec := got.Record
 			mu.Lock()
 			defer mu.Unlock()
 			switch {
@@ -140,8 +142,16 @@ func testCompleteThenReplay(t *testing.T, s store.Store) {
 	if got.Status != 201 || !bytes.Equal(got.Body, want.Body) || got.Truncated {
 		t.Fatalf("replayed status %d body %q truncated %v", got.Status, got.Body, got.Truncated)
 	}
-	if got.Endpoint != c.Endpoint || got.Fingerprint != c.Fingerprint {
+	if got.Endpoint != c.Endpoint || got.Fingerprint != c.Fingerprint || got.Token != c.Token || got.Sealed {
 		t.Fatalf("completed record lost its binding: endpoint %q", got.Endpoint)
+	}
+	if d := got.CreatedAt.Sub(c.CreatedAt); d < -time.Millisecond || d > time.Millisecond {
+		t.Fatalf("CreatedAt = %v, want the claim's %v", got.CreatedAt, c.CreatedAt)
+	}
+	// Every store tells when a completed record expires: the handler's
+	// expiry_header gives it to the client.
+	if left := time.Until(got.ExpiresAt); left < 50*time.Second || left > time.Minute+time.Second {
+		t.Fatalf("ExpiresAt = %v, %v from now; want the ttl of a minute", got.ExpiresAt, left)
 	}
 	if len(got.Header) != 2 || got.Header.Get("Content-Type") != "application/json" ||
 		len(got.Header["X-Multi"]) != 2 || got.Header["X-Multi"][1] != "b" {
@@ -291,7 +301,7 @@ func testLargeBinaryBody(t *testing.T, s store.Store) {
 func testTruncated(t *testing.T, s store.Store) {
 	k, c := NewKey(), newClaim(time.Minute)
 	mustAcquire(t, s, k, c)
-	if err := s.Complete(ctx(t), k, c, &store.Record{Status: 200, Truncated: true}, time.Minute); err != nil {
+	if err := s.Complete(ctx(t), k, c, &store.Response{Status: 200, Truncated: true}, time.Minute); err != nil {
 		t.Fatalf("Complete: %v", err)
 	}
 	rec := mustAcquire(t, s, k, newClaim(time.Minute))
@@ -305,7 +315,7 @@ func testTruncated(t *testing.T, s store.Store) {
 func testOutcomeUnknown(t *testing.T, s store.Store) {
 	k, c := NewKey(), newClaim(time.Minute)
 	mustAcquire(t, s, k, c)
-	if err := s.Complete(ctx(t), k, c, &store.Record{OutcomeUnknown: true}, shortLease); err != nil {
+	if err := s.Complete(ctx(t), k, c, &store.Response{OutcomeUnknown: true}, shortLease); err != nil {
 		t.Fatalf("Complete: %v", err)
 	}
 	rec := mustAcquire(t, s, k, newClaim(time.Minute))
@@ -322,6 +332,21 @@ func testOutcomeUnknown(t *testing.T, s store.Store) {
 	time.Sleep(shortLease + 200*time.Millisecond)
 	if rec := mustAcquire(t, s, k, newClaim(time.Minute)); rec != nil {
 		t.Fatalf("unknown outcome held its key after its TTL: %+v", rec)
+	}
+}
+
+// A sealed response is kept as it is given: its body, which holds the
+// sealed headers, and the flag that says so.
+func testSealed(t *testing.T, s store.Store) {
+	k, c := NewKey(), newClaim(time.Minute)
+	mustAcquire(t, s, k, c)
+	sealed := []byte{0, 1, 2, 0xff}
+	if err := s.Complete(ctx(t), k, c, &store.Response{Status: 201, Body: sealed, Sealed: true}, time.Minute); err != nil {
+		t.Fatalf("Complete: %v", err)
+	}
+	rec := mustAcquire(t, s, k, newClaim(time.Minute))
+	if rec == nil || !rec.Sealed || rec.Status != 201 || !bytes.Equal(rec.Body, sealed) || len(rec.Header) != 0 || rec.Truncated || rec.OutcomeUnknown {
+		t.Fatalf("sealed record = %+v", rec)
 	}
 }
 
@@ -352,8 +377,8 @@ func CheckUnavailable(t *testing.T, s store.Store) {
 			t.Errorf("%s on an unavailable store = %v, want ErrUnavailable", op, err)
 		}
 	}
-	rec, err := s.Acquire(ctx(t), k, c)
-	if rec != nil {
+	got, err := s.Acquire(ctx(t), k, c)
+	if rec := got.Record; rec != nil {
 		t.Errorf("Acquire on an unavailable store returned a record: %+v", rec)
 	}
 	check("Acquire", err)

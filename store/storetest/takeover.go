@@ -7,7 +7,7 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
-// RunTakeover checks that a store reports takeovers in Claim.TookOver: set
+// RunTakeover checks that a store reports takeovers in Acquired.TookOver: set
 // when a claim replaced an in-progress claim whose lease had passed, and
 // only then. Stores that cannot tell (Redis) do not run it.
 func RunTakeover(t *testing.T, open Opener) {
@@ -19,13 +19,15 @@ func RunTakeover(t *testing.T, open Opener) {
 	})
 }
 
-// acquireReporting acquires k for c, whose TookOver starts true so that a
-// store that leaves it alone is caught, and returns the record and the flag.
+// acquireReporting acquires k for c, and returns the record and whether
+// the claim took one over.
 func acquireReporting(t *testing.T, s store.Store, k store.Key, c *store.Claim) (*store.Record, bool) {
 	t.Helper()
-	c.TookOver = true
-	rec := mustAcquire(t, s, k, c)
-	return rec, c.TookOver
+	got, err := s.Acquire(ctx(t), k, c)
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	return got.Record, got.TookOver
 }
 
 func testTakeoverFresh(t *testing.T, s store.Store) {

@@ -20,7 +20,7 @@ func newCache(t *testing.T, maxBytes int64) *Cache {
 // at expires.
 func completedBlob(size int, expires time.Time) store.Encoded {
 	return store.AppendCompleted(nil, &store.Claim{Token: storetest.NewToken(), Endpoint: "POST h/p"},
-		&store.Record{Status: 201, Body: make([]byte, size), ExpiresAt: expires})
+		&store.Response{Status: 201, Body: make([]byte, size)}, expires)
 }
 
 func TestCacheKeepsCompletedRecordsWithAnExpiry(t *testing.T) {
@@ -35,8 +35,8 @@ func TestCacheKeepsCompletedRecordsWithAnExpiry(t *testing.T) {
 		t.Fatalf("Get = %x, want %x", got, blob)
 	}
 
-	claim := store.AppendClaim(nil, &store.Claim{Token: storetest.NewToken()}, time.Now())
-	noExpiry := store.AppendCompleted(nil, &store.Claim{}, &store.Record{Status: 200})
+	claim := store.AppendClaim(nil, &store.Claim{Token: storetest.NewToken(), CreatedAt: time.Now()})
+	noExpiry := store.AppendCompleted(nil, &store.Claim{}, &store.Response{Status: 200}, time.Time{})
 	past := completedBlob(1, time.Now().Add(-time.Second))
 	for name, b := range map[string]store.Encoded{"a claim": claim, "a record without expiry": noExpiry, "an expired record": past} {
 		k := storetest.NewKey()

@@ -57,11 +57,11 @@ func newTable(t *testing.T, maxEntries int, maxBytes int64) *Table {
 }
 
 func claimBlob() store.Encoded {
-	return store.AppendClaim(nil, &store.Claim{Token: storetest.NewToken()}, time.Now())
+	return store.AppendClaim(nil, &store.Claim{Token: storetest.NewToken(), CreatedAt: time.Now()})
 }
 
 func completedBlob(size int) store.Encoded {
-	return store.AppendCompleted(nil, &store.Claim{Token: storetest.NewToken()}, &store.Record{Status: 201, Body: make([]byte, size)})
+	return store.AppendCompleted(nil, &store.Claim{Token: storetest.NewToken()}, &store.Response{Status: 201, Body: make([]byte, size)}, time.Time{})
 }
 
 // put makes room for blob under a new key and inserts it, as the stores

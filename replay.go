@@ -7,11 +7,98 @@ import (
 	"compress/zlib"
 	"errors"
 	"io"
+	"net/http"
 	"strconv"
 	"strings"
 
 	"github.com/klauspost/compress/zstd"
+
+	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
+
+var trueValue = []string{"true"}
+
+// replay answers a request whose key already has a live record: with the
+// stored response if the record is a completed one of this very request,
+// else with the problem that says why not. A replay adds the stored
+// headers after this exchange's own, as reverse_proxy adds an upstream's
+// headers to those already set, and undoes a content coding that the
+// retry does not accept.
+func (a *attempt) replay(rec *store.Record) error {
+	switch {
+	case rec.Endpoint != a.claim.Endpoint:
+		return a.refuse(problemOtherEndpoint)
+	case rec.Fingerprint != a.claim.Fingerprint:
+		return a.refuse(problemOtherPayload)
+	case rec.State == store.InProgress:
+		return a.refuse(problemOutstanding)
+	case rec.OutcomeUnknown:
+		return a.refuse(problemOutcomeUnknown)
+	case rec.Truncated:
+		return a.refuse(problemUnreplayable)
+	}
+	body, decoded := rec.Body, false
+	if codings := rec.Header["Content-Encoding"]; len(codings) > 0 && !acceptsCodings(a.r.Header["Accept-Encoding"], codings) {
+		var ok bool
+		if body, ok = decodeBody(codings, body); !ok {
+			return a.refuse(problemNotAcceptable)
+		}
+		decoded = true
+	}
+	a.result(resultReplay)
+	hdr := a.w.Header()
+	trailers := replayHeader(hdr, rec.Header, decoded)
+	hdr[a.h.ReplayHeader] = trueValue
+	if trailers != nil {
+		// declared, and without a length, so that HTTP/1.1 sends it
+		// chunked, with room for the trailers
+		hdr["Trailer"] = []string{strings.Join(trailers, ", ")}
+	} else {
+		hdr["Content-Length"] = []string{strconv.Itoa(len(body))}
+	}
+	a.w.WriteHeader(rec.Status)
+	if _, err := a.w.Write(body); err != nil {
+		// the client left during a replay; it can retry again
+		panic(http.ErrAbortHandler)
+	}
+	if trailers != nil {
+		replayTrailers(a.w.Header(), rec.Header)
+	}
+	return nil
+}
+
+// replayHeader puts the stored header into dst, this exchange's header,
+// leaving out trailers and, when the body is replayed decoded,
+// Content-Encoding. It reports the stored trailers' names.
+func replayHeader(dst, stored http.Header, decoded bool) (trailers []string) {
+	for name, values := range stored {
+		if after, ok := strings.CutPrefix(name, http.TrailerPrefix); ok {
+			trailers = append(trailers, after)
+			continue
+		}
+		if decoded && name == "Content-Encoding" {
+			continue
+		}
+		// Clip the slices: a later handler appending to a header must not
+		// write into a record that other replays share.
+		values = values[:len(values):len(values)]
+		if own := dst[name]; len(own) > 0 {
+			values = append(own[:len(own):len(own)], values...)
+		}
+		dst[name] = values
+	}
+	return trailers
+}
+
+// replayTrailers sets the stored trailers once the body is written; the
+// server sends what carries the prefix as trailers.
+func replayTrailers(dst, stored http.Header) {
+	for name, values := range stored {
+		if strings.HasPrefix(name, http.TrailerPrefix) {
+			dst[name] = values[:len(values):len(values)]
+		}
+	}
+}
 
 // Content codings on replay. An upstream behind reverse_proxy compresses
 // for the client of the first request, which sent its Accept-Encoding; a

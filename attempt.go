@@ -1,0 +1,259 @@
+package idempotency
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net/http"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/caddy-idempotency/caddy-idempotency/store"
+)
+
+// attempt is one keyed request on its way through the handler, with what
+// every step of it needs. ServeHTTP makes it once the key is valid; here
+// is the life of a claim it holds: run, then finish as decideEnding
+// (ending.go) says, and the calls that outlive the request (complete,
+// release, keepUnknown, and their retries in the background). A duplicate
+// waits in wait.go; a retry is answered from its record in replay.go.
+type attempt struct {
+	h     *Handler
+	w     http.ResponseWriter
+	r     *http.Request
+	repl  *caddy.Replacer
+	next  caddyhttp.Handler
+	key   store.Key
+	claim store.Claim
+}
+
+func (a *attempt) result(res result) { a.h.metrics.publish(a.repl, res) }
+
+// refuse answers with the problem of that kind, counted as its result.
+func (a *attempt) refuse(kind problemKind) error {
+	p := a.h.problems[kind]
+	a.result(p.result)
+	return p.answer(a.w, a.r, a.repl)
+}
+
+// storeFailed answers a request whose claim the store could not take, per
+// on_store_error, and withdraws the claim in case it lands late. A client
+// that left while its claim waited (for a pooled connection, a slow reply)
+// ends the call with its context: that is no store failure, and nobody is
+// left to answer or to run the request for.
+func (a *attempt) storeFailed(err error) error {
+	h := a.h
+	if u, ok := errors.AsType[*unreadableRecord](err); ok {
+		// The request ran once already: it is not run again, and the
+		// response is not replayed. Nothing was claimed.
+		h.metrics.unreadable(u.reason)
+		h.logger.Error("the stored response cannot be opened with the configured encryption_keys; refusing the request without running it again",
+			zap.String("key_hash", a.key.String()), zap.String("reason", u.reason),
+			zap.String("key_id", u.keyID), zap.Strings("configured_key_ids", h.keys.ids()))
+		return a.refuse(problemUnreadable)
+	}
+	a.withdraw(detached(a.r.Context()))
+	if a.r.Context().Err() != nil {
+		a.result(resultGone)
+		a.w.WriteHeader(statusClientClosed) // for the access log, as reverse_proxy does
+		return nil
+	}
+	if h.OnStoreError == failOpen {
+		a.result(resultError)
+		h.logger.Warn("idempotency store unavailable; passing the request through unprotected (fail_open)",
+			zap.String("key_hash", a.key.String()), zap.Error(err))
+		handOn(a.r)
+		return a.next.ServeHTTP(a.w, a.r)
+	}
+	h.logger.Error("idempotency store unavailable; refusing the request (fail_closed)",
+		zap.String("key_hash", a.key.String()), zap.Error(err))
+	return a.refuse(problemStoreUnavailable)
+}
+
+// run runs the request as the owner of the key's claim, and ends the claim
+// with what it answered. tookOver says that the claim replaced a dead
+// owner's, whose request may have run, or be running, on an instance that
+// died.
+func (a *attempt) run(tookOver bool) (err error) {
+	h := a.h
+	a.result(resultNew)
+	if tookOver {
+		h.metrics.tookOver()
+		h.logger.Info("took over the claim of a request whose lease passed; running it again",
+			zap.String("key_hash", a.key.String()))
+	}
+	rw := newRecorder(a.w, h.MaxResponseBody)
+	defer rw.free()
+	h.metrics.claimHeld(1)
+	defer h.metrics.claimHeld(-1)
+	if h.OnUnknownOutcome == unknownKeep && markEarlierUpstream(a.repl) {
+		defer unmarkEarlierUpstream(a.repl)
+	}
+	lease, ctx := h.leases.start(a.r.Context(), a.key, a.claim.Token)
+	after := detached(a.r.Context())
+	// A panic (reverse_proxy's ErrAbortHandler when the client is gone)
+	// still ends the claim, and goes on up.
+	defer func() {
+		if p := recover(); p != nil {
+			h.leases.stop(lease)
+			a.finish(after, rw, nil, true)
+			panic(p)
+		}
+	}()
+	handOn(a.r)
+	err = a.next.ServeHTTP(rw, a.r.WithContext(ctx))
+	if err == nil && !rw.wroteHeader && ctx.Err() != nil {
+		// reverse_proxy before Caddy v2.11 returns nothing when its work is
+		// cancelled; write the 499 later ones do, or it would pass for an
+		// empty 200.
+		rw.WriteHeader(statusClientClosed)
+	}
+	h.leases.stop(lease) // before finishing, so a last renewal cannot race the release
+	a.finish(after, rw, err, false)
+	return err
+}
+
+// finish ends the claim of a request that has run, as decideEnding says.
+// ctx is detached from the client's: the response is stored for the
+// retry whether or not the client stayed. Each store bounds its own calls.
+func (a *attempt) finish(ctx context.Context, rw *recorder, handlerErr error, aborted bool) {
+	defer store.SignalEnd(a.key)
+	s := seen{wroteHeader: rw.wroteHeader, status: rw.status, overflow: rw.overflow,
+		handlerErr: handlerErr != nil, aborted: aborted}
+	if !s.wroteHeader && (s.handlerErr || s.aborted) {
+		s.reached = reachedUpstream(a.repl, handlerErr)
+	}
+	end, why := a.h.decideEnding(s)
+	switch end {
+	case endStore:
+		a.complete(ctx, rw.response())
+	case endStoreTruncated:
+		a.complete(ctx, &store.Response{Status: rw.status, Truncated: true})
+	case endRelease:
+		a.release(ctx, why)
+	case endKeepUnknown:
+		a.keepUnknown(ctx, why, handlerErr)
+	}
+}
+
+// complete stores resp as the outcome of the claim's request, and keeps
+// trying in the background if the store is away.
+func (a *attempt) complete(ctx context.Context, resp *store.Response) {
+	err := a.h.store.Complete(ctx, a.key, &a.claim, resp, a.h.ttl)
+	switch {
+	case errors.Is(err, store.ErrNotOwner):
+		a.h.logger.Error("claim was lost before the response could be stored: the lease passed and another request took the key over (raise lock_timeout), or an operator purged it",
+			zap.String("key_hash", a.key.String()))
+	case err != nil:
+		a.h.logger.Warn("storing the response failed; retrying until the lease passes",
+			zap.String("key_hash", a.key.String()), zap.Error(err))
+		a.completeLater(ctx, resp)
+	}
+}
+
+// keepUnknown holds the key until ttl: its retries are told that the
+// outcome is unknown rather than run again.
+func (a *attempt) keepUnknown(ctx context.Context, why string, err error) {
+	fields := []zap.Field{zap.String("key_hash", a.key.String()), zap.String("reason", why)}
+	if err != nil {
+		fields = append(fields, zap.Error(err))
+	}
+	a.h.logger.Warn("the upstream may have carried out the request, which got no answer; its key is kept until its ttl (on_unknown_outcome keep)", fields...)
+	a.complete(ctx, &store.Response{OutcomeUnknown: true})
+}
+
+// release gives the claim back, so that the retry runs the request anew.
+// When the store fails, the claim is withdrawn in the background, as a
+// response the store refused is stored later: until the claim's lease
+// passes, after which the lease has settled the matter anyway.
+func (a *attempt) release(ctx context.Context, why string) {
+	err := a.h.store.Release(ctx, a.key, a.claim.Token)
+	if err != nil && !errors.Is(err, store.ErrNotOwner) {
+		a.h.logger.Warn("releasing the claim failed; retrying until the lease passes",
+			zap.String("key_hash", a.key.String()), zap.String("reason", why), zap.Error(err))
+		a.withdraw(ctx)
+	}
+}
+
+// withdraw releases a claim whose Acquire or Release failed. A timed-out
+// claim may still land once the store recovers (the command was only
+// delayed); left alone, it would answer the client's retry with 409 for a
+// whole lease although nothing runs. Commands on other connections are not
+// ordered with the delayed one, so the release is repeated until the store
+// has answered twice (the second answer comes after the backlog that held
+// the claim) or the claim was removed. The token is unique to this
+// request, so a release can only ever remove this claim.
+func (a *attempt) withdraw(ctx context.Context) {
+	s, key, tok := a.h.store, a.key, a.claim.Token
+	answered := 0
+	a.retryLater(ctx, func(ctx context.Context) error { return s.Release(ctx, key, tok) },
+		func(err error) bool {
+			if errors.Is(err, store.ErrNotOwner) {
+				answered++
+			}
+			return err == nil || answered == 2
+		})
+}
+
+// completeLater keeps trying to store a response the store refused while
+// it was unavailable: until the lease passes, the claim is still this
+// request's, and storing it spares the retry a second execution. The
+// response is copied: the recorder's buffers go back to their pool.
+func (a *attempt) completeLater(ctx context.Context, resp *store.Response) {
+	h, key, claim := a.h, a.key, a.claim
+	kept := *resp
+	kept.Header, kept.Body = resp.Header.Clone(), bytes.Clone(resp.Body)
+	a.retryLater(ctx, func(ctx context.Context) error {
+		return h.store.Complete(ctx, key, &claim, &kept, h.ttl)
+	},
+		func(err error) bool {
+			switch {
+			case err == nil:
+				h.logger.Info("stored the response after the store recovered", zap.String("key_hash", key.String()))
+			case errors.Is(err, store.ErrNotOwner):
+				h.logger.Error("the store recovered too late: the lease passed before the response could be stored; a retry runs the request again",
+					zap.String("key_hash", key.String()))
+			default:
+				return false
+			}
+			return true
+		})
+}
+
+// background bounds the store calls retried after their request has ended,
+// for the whole process (every handler of every config), so that a long
+// outage under load cannot pile up goroutines; past the bound, leases
+// expire claims as they always would.
+var background = make(chan struct{}, 64)
+
+// retryLater calls op in the background, with a backoff from 100ms to 2s,
+// until settled says its answer settles the matter or the claim's lease
+// (which bounds what op can still change) has passed. Each call's context
+// derives from parent, a request's detached context.
+func (a *attempt) retryLater(parent context.Context, op func(context.Context) error, settled func(error) bool) {
+	select {
+	case background <- struct{}{}:
+	default:
+		return
+	}
+	lease := a.h.lease
+	holds := a.h.holds
+	deadline := time.Now().Add(lease)
+	holds.Take(lease) // while its request still holds one
+	go func() {
+		defer func() { <-background }()
+		defer holds.Give()
+		for pause := 100 * time.Millisecond; time.Now().Before(deadline); pause = min(2*pause, 2*time.Second) {
+			ctx, cancel := context.WithDeadline(parent, deadline)
+			err := op(ctx)
+			cancel()
+			if settled(err) {
+				return
+			}
+			time.Sleep(pause)
+		}
+	}()
+}

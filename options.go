@@ -1,0 +1,326 @@
+package idempotency
+
+import (
+	"cmp"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+// Defaults, as documented in the README.
+const (
+	defaultKeyHeader    = "Idempotency-Key"
+	defaultScope        = "{http.auth.user.id}"
+	defaultTTL          = 24 * time.Hour
+	defaultLockTimeout  = 30 * time.Second
+	defaultMaxBody      = 1 << 20
+	defaultReplayHeader = "Idempotent-Replayed"
+	failClosed          = "fail_closed"
+	failOpen            = "fail_open"
+	conflictReject      = "reject"
+	conflictWait        = "wait"
+	unknownRelease      = "release"
+	unknownKeep         = "keep"
+	fingerprintBody     = "body"
+	fingerprintJSON     = "json"
+	fingerprintNone     = "none"
+)
+
+var defaultMethods = []string{http.MethodPost, http.MethodPatch}
+
+// defaultReleaseStatuses answer a request that was not carried out: the
+// caller must authenticate (401, 407), the server gave up waiting for the
+// request (408), would not risk a replay of early data (425), or limits
+// the caller's rate (429).
+var defaultReleaseStatuses = []int{
+	http.StatusUnauthorized, http.StatusProxyAuthRequired, http.StatusRequestTimeout,
+	http.StatusTooEarly, http.StatusTooManyRequests,
+}
+
+// Options configure a handler: they are the idempotency directive's
+// options, and the idempotency app holds them as every handler's defaults.
+type Options struct {
+	// KeyHeader is the request header that carries the key.
+	// Default: Idempotency-Key.
+	KeyHeader string `json:"key_header,omitempty"`
+
+	// Methods are the request methods made idempotent; requests with other
+	// methods pass through untouched, even if they carry a key.
+	// Default: POST, PATCH.
+	Methods []string `json:"methods,omitempty"`
+
+	// Required refuses requests without a key with 400. Without it,
+	// requests without a key pass through unprotected.
+	Required bool `json:"required,omitempty"`
+
+	// Scope is a template of Caddy placeholders, expanded per request and
+	// combined with the key, so that clients with the same key never share
+	// a record. Default: {http.auth.user.id} (the authenticated user; empty,
+	// hence one shared scope, when the route has no authentication).
+	Scope string `json:"scope,omitempty"`
+
+	// RequireScope refuses with 401 a request whose scope expands to the
+	// empty string, instead of letting it share the one empty scope with
+	// every other such request: behind forward_auth, or a header that a
+	// request lacks. Without it, the first empty scope is logged.
+	RequireScope bool `json:"require_scope,omitempty"`
+
+	// ForwardKey names a request header set, for the handlers that follow
+	// (the upstream), to the scoped key hash ({http.idempotency.key}) on
+	// every request the handler protects, so the upstream can hand it on
+	// to its payment provider. A copy of it that the client sent is removed
+	// from every request the handler sees, protected or passed through: a
+	// client never chooses the key the upstream hands on.
+	ForwardKey string `json:"forward_key,omitempty"`
+
+	// Endpoint is a template of Caddy placeholders, expanded per request:
+	// what a key is bound to besides its payload. A key reused where the
+	// template expands to something else gets 422; with
+	// {http.request.method} {http.request.uri.path}, keys are shared across
+	// the host names of one API. Default:
+	// {http.request.method} {http.request.host}{http.request.uri.path} (the
+	// method, the host without its port, in lower case, and the path).
+	Endpoint string `json:"endpoint,omitempty"`
+
+	// Fingerprint says which parts of a request make the payload a key is
+	// bound to: a retry with the same payload is replayed, another gets
+	// 422. "body": the exact query and body bytes. "json": the body's
+	// canonical JSON (member order, whitespace and spellings of one value
+	// do not count; array order does) and the query as a sorted set; a body
+	// that is not JSON counts as its bytes. "none": the key and endpoint
+	// only; the body is not read, so max_request_body does not apply.
+	// Changing the mode changes every fingerprint, so for one ttl after
+	// the change a retry may get 422. Default: body.
+	Fingerprint string `json:"fingerprint,omitempty"`
+
+	// FingerprintIgnore lists the values left out of the json fingerprint,
+	// such as a timestamp or a trace id that a client sets afresh on each
+	// retry, as RFC 6901 JSON pointers in which the token * matches every
+	// element of an array and every member of an object: /sent_at,
+	// /meta/trace_id, /items/*/client_ts. Requires fingerprint json.
+	FingerprintIgnore []string `json:"fingerprint_ignore,omitempty"`
+
+	// FingerprintHeaders are request headers that count in the fingerprint,
+	// in every mode, such as Content-Type or X-Account-Id: the same body
+	// sent with another value of one of them is another payload (422). A
+	// header that is absent differs from one that is empty, and several
+	// lines of one header count in their order. Names are case-insensitive.
+	FingerprintHeaders []string `json:"fingerprint_headers,omitempty"`
+
+	// TTL is how long a completed response is replayed. Default: 24h.
+	TTL caddy.Duration `json:"ttl,omitempty"`
+
+	// LockTimeout is the lease of an in-flight claim: while the request
+	// runs it is renewed every third of this; if its owner dies, a retry
+	// takes the key over once the lease has passed. At least 1s.
+	// Default: 30s.
+	LockTimeout caddy.Duration `json:"lock_timeout,omitempty"`
+
+	// MaxRequestBody is the largest request body, in bytes, that is
+	// fingerprinted; larger bodies get 413 (except with fingerprint none,
+	// which does not read the body). Default: 1048576 (1 MiB).
+	MaxRequestBody int64 `json:"max_request_body,omitempty"`
+
+	// MaxResponseBody is the largest response body, in bytes, that is
+	// stored. Larger responses stream to the client in full, and retries of
+	// their key get a 409 problem instead of a replay. Default: 1048576
+	// (1 MiB).
+	MaxResponseBody int64 `json:"max_response_body,omitempty"`
+
+	// OnStoreError is what happens when the store cannot be reached:
+	// fail_closed answers 503 with Retry-After and runs nothing; fail_open
+	// runs the request unprotected and logs it. Default: fail_closed.
+	OnStoreError string `json:"on_store_error,omitempty"`
+
+	// OnConflict is what a duplicate gets while the first request with its
+	// key is still running: "reject" answers 409 with Retry-After at once;
+	// "wait" holds the duplicate until the first request ends (then answers
+	// it with the replay) or until MaxWait has passed (then 409).
+	// Default: reject.
+	OnConflict string `json:"on_conflict,omitempty"`
+
+	// MaxWait bounds how long a duplicate waits with on_conflict wait; it
+	// must then be positive.
+	MaxWait caddy.Duration `json:"max_wait,omitempty"`
+
+	// OnUnknownOutcome is what happens to the key of a request that was
+	// sent to the upstream but never answered: the connection broke, a
+	// timeout such as reverse_proxy's response_header_timeout, or work
+	// cancelled one lock_timeout after its client left. The upstream may
+	// have carried it out. "release" lets a retry run it again; "keep"
+	// holds the key until ttl, and retries get a 502 problem that says the
+	// outcome is unknown. A request that never reached an upstream is
+	// released either way. Default: release.
+	OnUnknownOutcome string `json:"on_unknown_outcome,omitempty"`
+
+	// StoreServerErrors stores 5xx answers and replays them like any
+	// other, so a retry does not run again. Without it, a 5xx answer
+	// releases the key and a retry runs the request again.
+	StoreServerErrors bool `json:"store_server_errors,omitempty"`
+
+	// ReleaseStatuses are the statuses that say a request was not carried
+	// out, such as a rate limit's 429 or an expired token's 401: like a
+	// 5xx, they release the key and a retry runs the request again instead
+	// of getting the refusal replayed until ttl. A list replaces the
+	// default. Default: 401, 407, 408, 425, 429.
+	ReleaseStatuses []int `json:"release_statuses,omitempty"`
+
+	// ReplayHeader is the response header set to "true" on replays.
+	// Default: Idempotent-Replayed.
+	ReplayHeader string `json:"replay_header,omitempty"`
+
+	// DisableMetrics turns off this handler's Prometheus metrics, which
+	// are otherwise exported on Caddy's metrics endpoint.
+	DisableMetrics bool `json:"disable_metrics,omitempty"`
+
+	// EncryptionKeys seal the stored responses' headers and body with
+	// AES-256-GCM: each is 32 bytes in base64, usually a placeholder
+	// resolved at provision ({env.IDEMPOTENCY_KEY},
+	// {file./run/secrets/idempotency}). The first seals new records; every
+	// one opens them, so a key is rotated by putting the new one first. A
+	// stored response that none opens is refused with 500, never run again.
+	EncryptionKeys []string `json:"encryption_keys,omitempty"`
+
+	// StoreRaw is the store backend, a module in the
+	// http.idempotency.stores namespace. Default: memory.
+	StoreRaw json.RawMessage `json:"store,omitempty" caddy:"namespace=http.idempotency.stores inline_key=module"`
+}
+
+// setDefaults fills every option left unset with its documented default.
+func (o *Options) setDefaults() {
+	if o.KeyHeader == "" {
+		o.KeyHeader = defaultKeyHeader
+	}
+	if len(o.Methods) == 0 {
+		o.Methods = append([]string(nil), defaultMethods...)
+	}
+	for i, m := range o.Methods {
+		o.Methods[i] = strings.ToUpper(m)
+	}
+	if o.Scope == "" {
+		o.Scope = defaultScope
+	}
+	if o.Endpoint == "" {
+		o.Endpoint = defaultEndpoint
+	}
+	if o.Fingerprint == "" {
+		o.Fingerprint = fingerprintBody
+	}
+	if o.TTL == 0 {
+		o.TTL = caddy.Duration(defaultTTL)
+	}
+	if o.LockTimeout == 0 {
+		o.LockTimeout = caddy.Duration(defaultLockTimeout)
+	}
+	if o.MaxRequestBody == 0 {
+		o.MaxRequestBody = defaultMaxBody
+	}
+	if o.MaxResponseBody == 0 {
+		o.MaxResponseBody = defaultMaxBody
+	}
+	if o.OnStoreError == "" {
+		o.OnStoreError = failClosed
+	}
+	if o.OnConflict == "" {
+		o.OnConflict = conflictReject
+	}
+	if o.OnConflict == conflictReject {
+		o.MaxWait = 0
+	}
+	if o.OnUnknownOutcome == "" {
+		o.OnUnknownOutcome = unknownRelease
+	}
+	if len(o.ReleaseStatuses) == 0 {
+		o.ReleaseStatuses = append([]int(nil), defaultReleaseStatuses...)
+	}
+	if o.ReplayHeader == "" {
+		o.ReplayHeader = defaultReplayHeader
+	}
+}
+
+// check reports the first option that is set to a value it cannot take;
+// an option left unset (zero) passes, as it will get its default. It does
+// no I/O and compiles nothing: the fingerprint_ignore pointers are
+// compiled by Provision.
+func (o *Options) check() error {
+	for _, h := range []struct{ opt, name string }{
+		{"key_header", o.KeyHeader}, {"forward_key", o.ForwardKey}, {"replay_header", o.ReplayHeader},
+	} {
+		if h.name != "" && !validToken(h.name) {
+			return fmt.Errorf("%s: invalid header name %q", h.opt, h.name)
+		}
+	}
+	for _, m := range o.Methods {
+		if !validToken(m) {
+			return fmt.Errorf("methods: invalid method %q", m)
+		}
+	}
+	switch o.Fingerprint {
+	case "", fingerprintBody, fingerprintJSON, fingerprintNone:
+	default:
+		return fmt.Errorf("fingerprint: want body, json or none, got %q", o.Fingerprint)
+	}
+	if len(o.FingerprintIgnore) > 0 && o.Fingerprint != fingerprintJSON {
+		return fmt.Errorf("fingerprint_ignore applies only with fingerprint json, not %s", cmp.Or(o.Fingerprint, fingerprintBody))
+	}
+	for _, name := range o.FingerprintHeaders {
+		if !validToken(name) {
+			return fmt.Errorf("fingerprint_headers: invalid header name %q", name)
+		}
+	}
+	switch {
+	case o.TTL < 0:
+		return fmt.Errorf("ttl must be positive: %v", time.Duration(o.TTL))
+	case o.LockTimeout != 0 && o.LockTimeout < caddy.Duration(time.Second):
+		return fmt.Errorf("lock_timeout must be at least 1s: %v", time.Duration(o.LockTimeout))
+	case o.MaxRequestBody < 0:
+		return fmt.Errorf("max_request_body must be positive: %d", o.MaxRequestBody)
+	case o.MaxResponseBody < 0:
+		return fmt.Errorf("max_response_body must be positive: %d", o.MaxResponseBody)
+	}
+	if err := oneOf("on_store_error", o.OnStoreError, failClosed, failOpen); err != nil {
+		return err
+	}
+	if err := oneOf("on_conflict", o.OnConflict, conflictReject, conflictWait); err != nil {
+		return err
+	}
+	if o.OnConflict == conflictWait && o.MaxWait <= 0 {
+		return fmt.Errorf("on_conflict wait needs a positive max_wait, got %v", time.Duration(o.MaxWait))
+	}
+	if err := oneOf("on_unknown_outcome", o.OnUnknownOutcome, unknownRelease, unknownKeep); err != nil {
+		return err
+	}
+	for _, status := range o.ReleaseStatuses {
+		if status < 400 || status > 599 {
+			return fmt.Errorf("release_statuses: want 4xx or 5xx statuses, got %d", status)
+		}
+	}
+	return nil
+}
+
+// oneOf checks that an option, if set, is one of its two values.
+func oneOf(opt, v, a, b string) error {
+	if v != "" && v != a && v != b {
+		return fmt.Errorf("%s: want %s or %s, got %q", opt, a, b, v)
+	}
+	return nil
+}
+
+// validToken reports whether s is an RFC 9110 token (a header name or a
+// method).
+func validToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c <= ' ' || c >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) >= 0 {
+			return false
+		}
+	}
+	return true
+}
