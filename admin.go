@@ -21,7 +21,6 @@ func init() {
 	caddy.RegisterModule(adminAPI{})
 }
 
-// The admin API's defaults and bounds.
 const (
 	adminBase         = "/idempotency/"
 	adminTimeout      = 30 * time.Second
@@ -30,17 +29,15 @@ const (
 	maxStuckLimit     = 10000
 )
 
-// adminAPI serves /idempotency/ on Caddy's admin endpoint: it looks up and
-// purges keys and lists claims in flight, in every store that the running
-// configs have provisioned. It never returns a stored body or headers.
+// adminAPI serves /idempotency/ on Caddy's admin endpoint, for every store
+// the running configs provisioned. It never returns stored bodies or headers.
 //
 //	GET    /idempotency/stores
 //	GET    /idempotency/keys/<hash>[?store=<name>]
 //	DELETE /idempotency/keys/<hash>[?store=<name>]
 //	GET    /idempotency/stuck[?older_than=30s][&limit=100][&store=<name>]
 //
-// A key is named by its hash only, never by the client's key and scope:
-// Caddy's admin logger writes every request's URI at info level.
+// Keys are named by hash only: Caddy's admin logger logs every request URI.
 type adminAPI struct {
 	// stores lists the stores to serve; nil means every registered store.
 	stores func() []store.Registration
@@ -200,26 +197,22 @@ func (a *adminAPI) listStuck(ctx context.Context, w http.ResponseWriter, r *http
 	return writeJSON(w, out)
 }
 
-// keyFromRequest reads the key's hash from the path. The client's key and
-// scope are refused in the query, which the admin log would record; the
-// command hashes them locally (store.NewKey).
+// keyFromRequest reads the key's hash from the path. A client key or scope
+// in the query, which the admin log would record, is refused.
 func keyFromRequest(hash string, q map[string][]string) (store.Key, error) {
-	var key store.Key
 	_, hasKey := q["key"]
 	_, hasScope := q["scope"]
 	switch {
 	case hasKey || hasScope:
-		return key, apiError(http.StatusBadRequest, "the API takes a key's hash, not the key: use %skeys/<hash> (caddy idempotency inspect <key> --scope <scope> computes it)", adminBase)
+		return store.Key{}, apiError(http.StatusBadRequest, "the API takes a key's hash, not the key: use %skeys/<hash> (caddy idempotency inspect <key> --scope <scope> computes it)", adminBase)
 	case hash == "":
-		return key, apiError(http.StatusBadRequest, "missing key hash: use %skeys/<hash>", adminBase)
+		return store.Key{}, apiError(http.StatusBadRequest, "missing key hash: use %skeys/<hash>", adminBase)
 	}
-	if len(hash) != hex.EncodedLen(len(key)) {
-		return key, apiError(http.StatusBadRequest, "not a key hash: want 64 hex digits")
+	b, err := hex.DecodeString(hash)
+	if err != nil || len(b) != len(store.Key{}) {
+		return store.Key{}, apiError(http.StatusBadRequest, "not a key hash: want 64 hex digits")
 	}
-	if _, err := hex.Decode(key[:], []byte(hash)); err != nil {
-		return key, apiError(http.StatusBadRequest, "not a key hash: want 64 hex digits")
-	}
-	return key, nil
+	return store.Key(b), nil
 }
 
 func (a *adminAPI) registered() []store.Registration {
@@ -229,27 +222,22 @@ func (a *adminAPI) registered() []store.Registration {
 	return store.Registered()
 }
 
-// pick finds the store that name designates: its full name, or its module
-// name when only one store of that module is provisioned, or nothing when
-// only one store is.
+// pick finds the store that name designates: its full name, its module
+// name if only one store has that module, or "" if only one store exists.
 func (a *adminAPI) pick(name string) (string, store.Inspector, error) {
 	regs := a.registered()
 	names := make([]string, len(regs))
+	var match, ofModule []store.Registration
 	for i, reg := range regs {
 		names[i] = reg.Name
-	}
-	var match []store.Registration
-	for _, reg := range regs {
 		if name == "" || reg.Name == name {
 			match = append(match, reg)
+		} else if reg.Module == name {
+			ofModule = append(ofModule, reg)
 		}
 	}
-	if len(match) == 0 && name != "" {
-		for _, reg := range regs {
-			if reg.Module == name {
-				match = append(match, reg)
-			}
-		}
+	if len(match) == 0 {
+		match = ofModule
 	}
 	switch {
 	case len(regs) == 0:
@@ -268,8 +256,7 @@ func (a *adminAPI) pick(name string) (string, store.Inspector, error) {
 	return match[0].Name, in, nil
 }
 
-// describe shows a record's summary with its age and remaining time
-// relative to now. Times are UTC, to the millisecond.
+// describe shows a summary, its age and time left at now, UTC to the ms.
 func describe(key store.Key, s store.Summary, expires time.Time, now time.Time) keyInfo {
 	info := keyInfo{
 		Key:            key.String(),
@@ -290,7 +277,6 @@ func describe(key store.Key, s store.Summary, expires time.Time, now time.Time) 
 	return info
 }
 
-// allow refuses methods other than those given.
 func allow(r *http.Request, methods ...string) error {
 	for _, m := range methods {
 		if r.Method == m {
@@ -307,8 +293,7 @@ func apiError(status int, format string, args ...any) error {
 	return caddy.APIError{HTTPStatus: status, Err: fmt.Errorf(format, args...)}
 }
 
-// storeError answers 503 when the store cannot be reached, as the handler
-// does, and 500 otherwise.
+// storeError answers 503 for an unavailable store, as the handler does, else 500.
 func storeError(op, name string, err error) error {
 	status := http.StatusInternalServerError
 	if errors.Is(err, store.ErrUnavailable) {

@@ -9,16 +9,12 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
-// defaultEndpoint binds a key to the method, host and path of its first
-// request: the Caddyfile's {method} {host}{path}. The host is taken
-// without its port and in lower case, so that one API reached as
-// api.example.com and api.example.com:443, or through two instances on
-// different ports, is one endpoint.
+// defaultEndpoint is the Caddyfile's {method} {host}{path}. The host is
+// taken without port, in lower case, so that api.example.com and
+// api.example.com:443, or two instances on different ports, are one endpoint.
 const defaultEndpoint = "{http.request.method} {http.request.host}{http.request.uri.path}"
 
-// endpointOf is what a key is bound to besides its payload: the
-// expansion of the endpoint template for r, computed directly for the
-// default one (no placeholder expansion on the hot path).
+// endpointOf expands the endpoint template, directly for the default one.
 func endpointOf(template string, r *http.Request, repl *caddy.Replacer) string {
 	if template == defaultEndpoint {
 		return defaultEndpointOf(r.Method, r.Host, r.URL.Path)
@@ -30,10 +26,8 @@ func defaultEndpointOf(method, hostport, path string) string {
 	return method + " " + strings.ToLower(hostOnly(hostport)) + path
 }
 
-// hostOnly strips the port from a Host value the way Caddy's
-// {http.request.host} does ("[::1]:80" gives "::1", "h:443" gives "h"),
-// without the allocation of net.SplitHostPort's error for a host that has
-// no port.
+// hostOnly strips the port as {http.request.host} does ("[::1]:80" gives
+// "::1"), without allocating net.SplitHostPort's error for a bare host.
 func hostOnly(hostport string) string {
 	if strings.HasPrefix(hostport, "[") {
 		if i := strings.Index(hostport, "]:"); i > 0 {

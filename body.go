@@ -8,12 +8,8 @@ import (
 	"sync/atomic"
 )
 
-// readBody buffers the request body so that it can be fingerprinted, and
-// puts back an identical body for the next handler. It refuses to read more
-// than limit bytes. The buffer grows as bytes arrive, never to the
-// declared Content-Length at once: a client that declares a megabyte and
-// sends a kilobyte holds a kilobyte. The caller releases the body when it
-// is done with it.
+// readBody buffers up to limit bytes of body for the fingerprint, and puts
+// an identical body back for the next handler; the caller releases it.
 func readBody(r *http.Request, limit int64) (body *bufferedBody, tooLarge bool, err error) {
 	if r.ContentLength > limit {
 		return nil, true, nil
@@ -35,25 +31,19 @@ func readBody(r *http.Request, limit int64) (body *bufferedBody, tooLarge bool, 
 	r.Body.Close()
 	body.Reset(buf.data)
 	buf.refs.Store(2) // the handler's, and the next handler's until it closes it
-	// r.GetBody stays nil although the body could now be replayed: with
-	// one, net/http's transport counts a request that carries an
-	// Idempotency-Key as replayable, and resends it when a reused
-	// connection fails after the request was written, to an upstream
-	// that may have run it.
+	// r.GetBody stays nil: with it, net/http's transport counts a request
+	// with an Idempotency-Key as replayable, and resends it on a failed
+	// reused connection to an upstream that may have run it.
 	r.Body = body
 	return body, false, nil
 }
 
-// bufferedBody replays the buffered request body to the next handler.
-//
-// An http.RoundTripper may go on reading a request body after RoundTrip
-// returned, until it closes it (an upstream that answered before reading
-// all of it), and so after the handler returned. The pooled buffer goes
-// back only once both the handler released it and the body was closed:
-// otherwise another request's bytes could be read into it and sent on
-// this request's upstream connection. The body itself is not pooled, so
-// that a late second Close cannot drop another request's reference. A
-// buffer whose body is never closed is left to the garbage collector.
+// bufferedBody replays the buffered body to the next handler. A RoundTripper
+// may read it after RoundTrip returned, until it closes it: so the pooled
+// buffer goes back only once the handler released it and the body was
+// closed, lest another request's bytes reach this request's upstream (one
+// never closed is left to the GC). The body is not pooled, so a late second
+// Close cannot drop another request's reference.
 type bufferedBody struct {
 	bytes.Reader
 	*bodyBuffer
@@ -61,19 +51,16 @@ type bufferedBody struct {
 	handedOn bool // the next handler got it; set and read by the handler's goroutine
 }
 
-// bodyBuffer holds a request body's bytes, and the references to them:
-// the handler's and the next handler's.
+// bodyBuffer holds a body's bytes, referenced by the handler and the next.
 type bodyBuffer struct {
 	data []byte
 	refs atomic.Int32
 }
 
-// minRead is the first read's size, as bytes.Buffer's.
-const minRead = 512
+const minRead = 512 // the first read's size, as bytes.Buffer's
 
-// readFrom reads src to its end, or limit bytes. The buffer grows as the
-// bytes arrive, doubling, but never past a declared length (-1 if none):
-// a body that keeps its word fills its buffer exactly, and a client that
+// readFrom reads src to its end, or limit bytes. The buffer doubles as
+// bytes arrive, never past the declared length (-1 if none): a client that
 // declares a megabyte and sends a kilobyte holds a kilobyte.
 func (b *bodyBuffer) readFrom(src io.Reader, declared, limit int64) error {
 	for int64(len(b.data)) < limit {
@@ -102,8 +89,7 @@ func (b *bodyBuffer) readFrom(src io.Reader, declared, limit int64) error {
 
 var bodyBuffers = sync.Pool{New: func() any { return new(bodyBuffer) }}
 
-// Close implements io.Closer for the next handler; it drops that
-// handler's reference once, however often it is called.
+// Close drops the next handler's reference, once however often called.
 func (b *bufferedBody) Close() error {
 	if b.closed.CompareAndSwap(false, true) {
 		b.bodyBuffer.release()
@@ -111,17 +97,15 @@ func (b *bufferedBody) Close() error {
 	return nil
 }
 
-// handOn notes that r, whose body the handler may have buffered, goes to
-// the next handler, which then holds the body until it closes it.
+// handOn notes that r's buffered body, if any, is the next handler's to close.
 func handOn(r *http.Request) {
 	if b, ok := r.Body.(*bufferedBody); ok {
 		b.handedOn = true
 	}
 }
 
-// release drops the handler's reference, and the body's too if the next
-// handler never got it (a replay, a refusal); nil-safe, for a request
-// without a body.
+// release drops the handler's reference, and the body's if the next
+// handler never got it (a replay, a refusal). It is nil-safe.
 func (b *bufferedBody) release() {
 	if b == nil {
 		return

@@ -63,8 +63,6 @@ type cliOptions struct {
 	out                             io.Writer
 }
 
-// setupCommand builds the subcommands under cmd; the tests call it on a
-// command of their own.
 func setupCommand(cmd *cobra.Command) {
 	opts := &cliOptions{}
 	pf := cmd.PersistentFlags()
@@ -74,27 +72,27 @@ func setupCommand(cmd *cobra.Command) {
 	pf.StringVar(&opts.store, "store", "", "The store to use, as 'stores' lists it, when the config uses several")
 	pf.BoolVar(&opts.json, "json", false, "Print the admin API's JSON answer")
 
-	var k keyFlags
-	inspect := &cobra.Command{
-		Use:   "inspect <key> [--scope <scope>] | --hash <hash>",
-		Short: "Shows the record of a key: state, endpoint, status, age, expiry, body size",
-		Args:  oneKeyArg("inspect"),
-		RunE: func(c *cobra.Command, args []string) error {
-			return opts.run(c, func(ctx context.Context) error { return opts.inspect(ctx, k.path(args)) })
-		},
+	keyCmd := func(sub, short string, do func(context.Context, keyRef) error) *cobra.Command {
+		var k keyFlags
+		c := &cobra.Command{
+			Use:   sub + " <key> [--scope <scope>] | --hash <hash>",
+			Short: short,
+			Args:  oneKeyArg(sub),
+			RunE: func(c *cobra.Command, args []string) error {
+				return opts.run(c, func(ctx context.Context) error {
+					ref, err := k.path(args, sub)
+					if err != nil {
+						return err
+					}
+					return do(ctx, ref)
+				})
+			},
+		}
+		k.add(c)
+		return c
 	}
-	k.add(inspect)
-
-	var pk keyFlags
-	purge := &cobra.Command{
-		Use:   "purge <key> [--scope <scope>] | --hash <hash>",
-		Short: "Deletes the record of a key, whatever its state: the next request with the key runs anew",
-		Args:  oneKeyArg("purge"),
-		RunE: func(c *cobra.Command, args []string) error {
-			return opts.run(c, func(ctx context.Context) error { return opts.purge(ctx, pk.path(args)) })
-		},
-	}
-	pk.add(purge)
+	inspect := keyCmd("inspect", "Shows the record of a key: state, endpoint, status, age, expiry, body size", opts.inspect)
+	purge := keyCmd("purge", "Deletes the record of a key, whatever its state: the next request with the key runs anew", opts.purge)
 
 	var olderThan string
 	var limit int
@@ -120,13 +118,11 @@ func setupCommand(cmd *cobra.Command) {
 	cmd.AddCommand(inspect, purge, stuck, stores)
 }
 
-// keyUsage is what to type to name a key.
 func keyUsage(sub string) string {
 	return "caddy idempotency " + sub + " <key> [--scope <scope>], or --hash <hash>"
 }
 
-// oneKeyArg takes at most one argument, the client's key, and says what to
-// type instead of several.
+// oneKeyArg refuses more than one argument (the client's key).
 func oneKeyArg(sub string) cobra.PositionalArgs {
 	return func(_ *cobra.Command, args []string) error {
 		if len(args) > 1 {
@@ -147,42 +143,36 @@ func (k *keyFlags) add(cmd *cobra.Command) {
 	cmd.MarkFlagsMutuallyExclusive("hash", "scope")
 }
 
-// keyRef is a key named on the command line: its API path, and a hint
-// for when the API finds no record under it.
-type keyRef struct {
-	path, hint string
-}
+// keyRef is a key's API path, and a hint for when it has no record.
+type keyRef struct{ path, hint string }
 
-// path hashes the key and scope as the handler does (store.NewKey), so
-// that neither leaves this process, and returns the key's API path.
-func (k *keyFlags) path(args []string) func(sub string) (keyRef, error) {
-	return func(sub string) (keyRef, error) {
-		clientKey := k.key
-		if len(args) == 1 {
-			if k.hash != "" || k.key != "" {
-				return keyRef{}, fmt.Errorf("give the key once: as the argument, --hash or --key; %s", keyUsage(sub))
-			}
-			clientKey = args[0]
+// path returns the key's API path. It hashes key and scope as the handler
+// does (store.NewKey), so that neither leaves this process.
+func (k *keyFlags) path(args []string, sub string) (keyRef, error) {
+	clientKey := k.key
+	if len(args) == 1 {
+		if k.hash != "" || k.key != "" {
+			return keyRef{}, fmt.Errorf("give the key once: as the argument, --hash or --key; %s", keyUsage(sub))
 		}
-		switch {
-		case k.hash != "":
-			return keyRef{path: adminBase + "keys/" + url.PathEscape(strings.ToLower(k.hash))}, nil
-		case clientKey == "":
-			return keyRef{}, errors.New("which key? " + keyUsage(sub))
-		}
-		parsed, ok := parseKey(clientKey)
-		if !ok {
-			return keyRef{}, errors.New("not a valid Idempotency-Key (1 to 255 visible ASCII characters, bare or as a quoted string)")
-		}
-		ref := keyRef{path: adminBase + "keys/" + store.NewKey(k.scope, parsed).String()}
-		if isKeyHash(clientKey) {
-			ref.hint = fmt.Sprintf("if %s… is a key hash from a log, use --hash %s", clientKey[:8], clientKey)
-		}
-		return ref, nil
+		clientKey = args[0]
 	}
+	switch {
+	case k.hash != "":
+		return keyRef{path: adminBase + "keys/" + url.PathEscape(strings.ToLower(k.hash))}, nil
+	case clientKey == "":
+		return keyRef{}, errors.New("which key? " + keyUsage(sub))
+	}
+	parsed, ok := parseKey(clientKey)
+	if !ok {
+		return keyRef{}, errors.New("not a valid Idempotency-Key (1 to 255 visible ASCII characters, bare or as a quoted string)")
+	}
+	ref := keyRef{path: adminBase + "keys/" + store.NewKey(k.scope, parsed).String()}
+	if isKeyHash(clientKey) {
+		ref.hint = fmt.Sprintf("if %s… is a key hash from a log, use --hash %s", clientKey[:8], clientKey)
+	}
+	return ref, nil
 }
 
-// isKeyHash reports whether s looks like a key hash: 64 hex digits.
 func isKeyHash(s string) bool {
 	if len(s) != 64 {
 		return false
@@ -191,7 +181,6 @@ func isKeyHash(s string) bool {
 	return err == nil
 }
 
-// run runs f with the command's output and context.
 func (o *cliOptions) run(c *cobra.Command, f func(context.Context) error) error {
 	o.out = c.OutOrStdout()
 	ctx := c.Context()
@@ -203,15 +192,10 @@ func (o *cliOptions) run(c *cobra.Command, f func(context.Context) error) error 
 	return f(ctx)
 }
 
-func (o *cliOptions) inspect(ctx context.Context, key func(string) (keyRef, error)) error {
-	ref, err := key("inspect")
-	if err != nil {
-		return err
-	}
+func (o *cliOptions) inspect(ctx context.Context, ref keyRef) error {
 	var info keyInfo
 	raw, err := o.call(ctx, http.MethodGet, ref.path, nil, &info)
-	err = ref.explain(err)
-	if err != nil || o.json {
+	if err = ref.explain(err); err != nil || o.json {
 		return o.printJSON(raw, err)
 	}
 	tw := tabwriter.NewWriter(o.out, 0, 0, 2, ' ', 0)
@@ -244,22 +228,16 @@ func (o *cliOptions) inspect(ctx context.Context, key func(string) (keyRef, erro
 	return tw.Flush()
 }
 
-func (o *cliOptions) purge(ctx context.Context, key func(string) (keyRef, error)) error {
-	ref, err := key("purge")
-	if err != nil {
-		return err
-	}
+func (o *cliOptions) purge(ctx context.Context, ref keyRef) error {
 	var p purged
 	raw, err := o.call(ctx, http.MethodDelete, ref.path, nil, &p)
-	err = ref.explain(err)
-	if err != nil || o.json {
+	if err = ref.explain(err); err != nil || o.json {
 		return o.printJSON(raw, err)
 	}
 	_, err = fmt.Fprintf(o.out, "purged %s from %s\n", p.Key, p.Store)
 	return err
 }
 
-// explain adds the hint to a "no record" error.
 func (k keyRef) explain(err error) error {
 	if err != nil && k.hint != "" && strings.Contains(err.Error(), "no record") {
 		return fmt.Errorf("%w (%s)", err, k.hint)
@@ -268,9 +246,7 @@ func (k keyRef) explain(err error) error {
 }
 
 func (o *cliOptions) stuck(ctx context.Context, olderThan string, limit int) error {
-	q := url.Values{}
-	q.Set("older_than", olderThan)
-	q.Set("limit", strconv.Itoa(limit))
+	q := url.Values{"older_than": {olderThan}, "limit": {strconv.Itoa(limit)}}
 	var list stuckList
 	raw, err := o.call(ctx, http.MethodGet, adminBase+"stuck", q, &list)
 	if err != nil || o.json {
@@ -334,9 +310,8 @@ func (o *cliOptions) printJSON(raw []byte, err error) error {
 	return err
 }
 
-// call sends a request to the admin API, adding the store parameter, and
-// decodes a successful answer into v. It returns the raw answer, and an
-// error with the API's message when the answer is not a success.
+// call sends a request to the admin API, with the store parameter, and
+// decodes a success into v; otherwise the error carries the API's message.
 func (o *cliOptions) call(ctx context.Context, method, path string, q url.Values, v any) ([]byte, error) {
 	addr, err := caddycmd.DetermineAdminAPIAddress(o.address, nil, o.config, o.adapter)
 	if err != nil {
@@ -378,20 +353,21 @@ func (o *cliOptions) call(ctx context.Context, method, path string, q url.Values
 	return raw, nil
 }
 
-// adminRequest sends a request to Caddy's admin API at addr, which may be
-// a TCP or a unix socket address, with the Origin that the API requires of
-// TCP clients, as caddycmd.AdminAPIRequest does.
+// adminRequest calls the admin API at addr, a TCP or unix socket address,
+// with the Origin it requires of TCP clients, as caddycmd.AdminAPIRequest.
 func adminRequest(ctx context.Context, addr, method, path string) (*http.Response, error) {
 	parsed, err := caddy.ParseNetworkAddress(addr)
-	if err != nil || parsed.PortRangeSize() > 1 {
+	if err == nil && parsed.PortRangeSize() > 1 {
+		err = errors.New("a port range")
+	}
+	if err != nil {
 		return nil, fmt.Errorf("invalid admin address %s: %v", addr, err)
 	}
 	origin := "http://" + parsed.JoinHostPort(0)
 	socket := parsed.IsUnixNetwork() || parsed.IsFdNetwork()
 	if socket {
-		// The host is a placeholder: the connection goes to the socket.
-		origin = "http://127.0.0.1"
-		// A unix address may end with |<permission bits>.
+		origin = "http://127.0.0.1" // a placeholder: the dial goes to the socket
+		// a unix address may end with |<permission bits>
 		if i := strings.LastIndexByte(parsed.Host, '|'); i >= 0 {
 			parsed.Host = parsed.Host[:i]
 		}
@@ -416,8 +392,7 @@ func adminRequest(ctx context.Context, addr, method, path string) (*http.Respons
 	return resp, nil
 }
 
-// shortDuration rounds a duration string from the API to whole seconds
-// from one second up, and drops zero minutes and seconds: 1h, 2m30s, 45s.
+// shortDuration rounds an API duration of 1s or more to seconds: 1h, 2m30s.
 func shortDuration(s string) string {
 	d, err := time.ParseDuration(s)
 	if err != nil || d < time.Second {

@@ -15,16 +15,13 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
-// digest is a pooled SHA-256 state with its scratch space: written through
-// the hash.Hash interface, arrays on the stack would escape to the heap.
+// digest is a pooled SHA-256 with scratch space: arrays on the stack
+// written through hash.Hash would escape to the heap.
 type digest struct {
 	hash.Hash
 	n   [8]byte
 	sum [sha256.Size]byte
-
-	// Strings are hashed through buf: io.WriteString would allocate a copy,
-	// the hash not being an io.StringWriter.
-	buf []byte
+	buf []byte // strings go through it: the hash is no io.StringWriter
 }
 
 var digests = sync.Pool{New: func() any { return &digest{Hash: sha256.New()} }}
@@ -44,18 +41,15 @@ var fingerprintModes = map[string]fingerprintMode{
 	fingerprintNone: modeNone,
 }
 
-// payload is what a handler's fingerprint reads of a request, prepared at
-// Provision.
+// payload is what a handler's fingerprint reads of a request.
 type payload struct {
 	mode    fingerprintMode
 	ignore  *canonjson.Ignore // json mode's fingerprint_ignore; nil when none
 	headers []string          // fingerprint_headers, canonical, sorted, each once
 }
 
-// newPayload prepares the fingerprint options, compiling the
-// fingerprint_ignore pointers of the json mode. The header names are
-// sorted and deduplicated, so that listing them in another order or case
-// does not change fingerprints.
+// newPayload compiles the json mode's fingerprint_ignore, and sorts and
+// dedupes the header names so that their order or case does not matter.
 func newPayload(mode string, ignore, headers []string) (payload, error) {
 	p := payload{mode: fingerprintModes[mode]}
 	if p.mode == modeJSON && len(ignore) > 0 {
@@ -72,20 +66,17 @@ func newPayload(mode string, ignore, headers []string) (payload, error) {
 	return p, nil
 }
 
-// A fingerprint starts with a word naming its layout, and goes on with
-// fields that are each a fixed-size tag or word, or length-prefixed, so
-// that no request's parts can pass for another's, across modes too:
+// A fingerprint is a layout word, then fields that are each a fixed-size
+// tag or word, or length-prefixed, so that no request's parts can pass for
+// another's, across modes too:
 //
 //	body mode: layout word, headers, query, body
-//	json mode: layout word, headers, query (params as a set, or raw), body
-//	           (canonical JSON, or raw)
+//	json mode: layout word, headers, query (params or raw), body (canonical or raw)
 //	none mode: layout word, headers
 //	headers:   count; per name: name, count of lines, each line
 //	params:    count; per parameter: name, value (decoded)
 //
-// Lengths and counts are 8-byte big-endian words. A tag says which of two
-// forms a field holds, so that raw bytes can never pass for a canonical
-// form.
+// Lengths and counts are 8-byte big-endian words; tags tell raw from canonical.
 const (
 	layoutBody uint64 = 1<<63 | (iota + 1)
 	layoutJSON
@@ -100,8 +91,7 @@ const (
 	tagRawBody   = 'b' // the body as sent: it is not valid JSON
 )
 
-// of hashes the payload of r, whose body the handler buffered (nil when
-// empty, or in none mode), as the fingerprint option says.
+// of hashes r's payload; b is its buffered body (nil if empty or in none mode).
 func (p *payload) of(r *http.Request, b []byte) store.Fingerprint {
 	d := digests.Get().(*digest)
 	defer d.release()
@@ -130,9 +120,7 @@ func (p *payload) of(r *http.Request, b []byte) store.Fingerprint {
 	return store.Fingerprint(d.Sum(d.sum[:0]))
 }
 
-// maxScratch keeps one request with a huge query or header from pinning
-// its scratch space in the pool.
-const maxScratch = 64 << 10
+const maxScratch = 64 << 10 // so a huge query or header does not pin pool memory
 
 func (d *digest) release() {
 	if cap(d.buf) > maxScratch {
@@ -161,7 +149,6 @@ func (d *digest) string(s string) {
 	d.field(d.buf)
 }
 
-// headers writes the values of the named headers of hdr.
 func (d *digest) headers(hdr http.Header, names []string) {
 	d.word(uint64(len(names)))
 	for _, name := range names {
@@ -174,9 +161,8 @@ func (d *digest) headers(hdr http.Header, names []string) {
 	}
 }
 
-// canonicalBody is the digest as the writer that canonjson.Write hands the
-// canonical form to, in one call: it writes it as a tagged field, without
-// first copying it to learn its length.
+// canonicalBody is the writer canonjson.Write hands the canonical form to,
+// in one call: a tagged field, without copying it to learn its length.
 type canonicalBody digest
 
 func (c *canonicalBody) Write(p []byte) (int, error) {
@@ -186,11 +172,10 @@ func (c *canonicalBody) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// query writes a query as the set of its parameters, sorted by name; the
-// values of a repeated name keep their order (a=1&a=2 is not a=2&a=1).
-// Empty parameters (a&&b) are skipped, and a parameter without = is one
-// with an empty value, as most frameworks read them. A query with an
-// invalid percent-escape is written as sent.
+// query writes the query's parameters sorted by name, a repeated name's
+// values in order (a=1&a=2 is not a=2&a=1). As most frameworks do, empty
+// parameters (a&&b) are skipped and a bare name has an empty value. A query
+// with an invalid escape is written as sent.
 func (d *digest) query(q string) {
 	var params [][2]string
 	for pair := range strings.SplitSeq(q, "&") {

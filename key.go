@@ -11,13 +11,10 @@ import (
 // enough that a key can never be used to stuff data into the store.
 const maxKeyLen = 255
 
-// parseKey validates an Idempotency-Key field value and returns the key. The
-// IETF draft makes the field an RFC 8941 sf-string ("abc"), while most
-// clients send the bare characters (abc): both spell the same key. A key is
-// 1 to 255 visible ASCII characters; anything else is refused before the
-// store sees it. A bare key may not hold a comma: in HTTP a comma separates
-// list members, and an intermediary that joins two Idempotency-Key lines
-// into one sends "a, b"; the quoted form may hold one.
+// parseKey returns the key of an Idempotency-Key value: an RFC 8941
+// sf-string ("abc") as the IETF draft says, or bare (abc) as most clients
+// send it, of 1 to 255 visible ASCII characters. A bare key may not hold a
+// comma: an intermediary that joins two header lines sends "a, b".
 func parseKey(v string) (string, bool) {
 	if len(v) > 0 && v[0] == '"' {
 		return parseSFString(v)
@@ -33,11 +30,10 @@ func parseKey(v string) (string, bool) {
 	return v, true
 }
 
-// parseSFString decodes an RFC 8941 sf-string that must make up the whole
-// value (parameters are refused: the draft gives the field none). Escapes
-// are rare, so the common case returns a substring without allocating.
+// parseSFString decodes an sf-string that makes up the whole value (the
+// draft gives the field no parameters), allocating only for escapes.
 func parseSFString(v string) (string, bool) {
-	var out []byte // allocated only if an escape appears
+	var out []byte
 	start := 1
 	for i := 1; i < len(v); i++ {
 		c := v[i]
@@ -84,7 +80,6 @@ func init() {
 	rand.Read(tokenPrefix[:])
 }
 
-// newToken returns the owner token of one request's claim.
 func newToken() store.Token {
 	var t store.Token
 	copy(t[:8], tokenPrefix[:])

@@ -17,14 +17,12 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
-// keyLen is the size of an encryption key: AES-256.
-const keyLen = 32
+const keyLen = 32 // AES-256
 
 // sealKey is one key of encryption_keys, ready to seal and open records.
 type sealKey struct {
-	// id names the key in stored records and logs: the first 4 bytes of
-	// the SHA-256 of the key, in hex. It tells keys apart without telling
-	// anything of them.
+	// id names the key in records and logs: the first 4 bytes of its
+	// SHA-256, in hex, which tell keys apart and nothing of them.
 	id   string
 	raw  [keyIDLen]byte // id, as the sealed records hold it
 	aead cipher.AEAD
@@ -35,9 +33,8 @@ type keyring struct {
 	keys []sealKey
 }
 
-// newKeyring resolves and decodes the keys of encryption_keys, or returns
-// nil if there are none. Errors name a key by its position, never by its
-// value, which may be the key itself.
+// newKeyring decodes encryption_keys, or returns nil if none. Errors name a
+// key by position, never by value, which may be the key itself.
 func newKeyring(raw []string) (*keyring, error) {
 	if len(raw) == 0 {
 		return nil, nil
@@ -91,7 +88,6 @@ func (r *keyring) ids() []string {
 	return ids
 }
 
-// byID returns the key whose id is id, if it is configured.
 func (r *keyring) byID(id [keyIDLen]byte) (sealKey, bool) {
 	if r != nil {
 		for _, k := range r.keys {
@@ -108,12 +104,10 @@ func (r *keyring) byID(id [keyIDLen]byte) (sealKey, bool) {
 //	0      sealFormat: AES-256-GCM, a random 12-byte nonce
 //	1:5    the id of the key that sealed it
 //	5      the response body's size, a uvarint (inspect shows it)
-//	then   the nonce, then the ciphertext of the response's header and
-//	       body (the record codec's encoding)
+//	then   the nonce, and the ciphertext of header and body (record codec)
 //
-// The associated data binds the ciphertext to the record's key hash, its
-// status and the envelope's head: a record copied under another key, or
-// given another status, does not open.
+// The associated data binds the ciphertext to the key hash, the status and
+// the head: a record copied to another key, or given another status, fails.
 const (
 	sealFormat = 1
 	keyIDLen   = 4
@@ -167,8 +161,7 @@ func (r *keyring) open(k store.Key, rec *store.Record) (*store.Record, error) {
 	return &out, nil
 }
 
-// envelopeHead splits the head off a sealed body, and reads the size of
-// the body it seals.
+// envelopeHead splits the head off a sealed body, with the sealed size.
 func envelopeHead(body []byte) (head []byte, size int, ok bool) {
 	if len(body) < 1+keyIDLen || body[0] != sealFormat {
 		return nil, 0, false
@@ -190,7 +183,6 @@ func bodySize(rec *store.Record) int {
 	return len(rec.Body)
 }
 
-// sealAAD is the associated data of a sealed response.
 func sealAAD(k store.Key, status int, head []byte) []byte {
 	aad := make([]byte, 0, len(k)+2+len(head))
 	aad = append(aad, k[:]...)

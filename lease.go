@@ -11,26 +11,16 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
-// leases looks after the claims of the requests that one handler is
-// running, with one goroutine per handler rather than timers per request
-// (most requests end long before anything is due):
+// leases looks after a handler's running claims, with one goroutine that
+// runs while requests do, rather than timers per request:
 //
-//   - It renews a claim once a third of its lease has passed since it was
-//     claimed or last renewed, so that a slow request is never run twice,
-//     while a dead owner's claim still frees itself within one lease. A
-//     failed renewal is retried at once with a backoff, for as long as the
-//     lease holds: a store outage shorter than the rest of the lease costs
-//     nothing.
-//   - It ends work abandoned by its client. The client's disconnect must not
-//     cancel the work it asked for (the upstream runs on, and its answer is
-//     stored for the client's retry), but a hung upstream must not hold the
-//     claim for ever either: once the client has been gone for one lease,
-//     the work is cancelled.
-//
-// It checks every lease/leaseTicks, so a renewal comes between a third of
-// the lease and a third plus a twelfth, and abandoned work is cancelled
-// between one lease and one lease plus two twelfths after its client left.
-// The goroutine runs only while requests do.
+//   - It renews a claim once a third of its lease has passed, so a slow
+//     request never runs twice while a dead owner's claim frees itself
+//     within a lease. A failed renewal is retried with backoff while the
+//     lease holds: a store outage shorter than that costs nothing.
+//   - The client's disconnect does not cancel its work (the answer is stored
+//     for its retry), but once the client has been gone for one lease the
+//     work is cancelled, so a hung upstream cannot hold the claim for ever.
 type leases struct {
 	store   store.Store
 	metrics *metrics
@@ -50,8 +40,7 @@ const (
 	renewFraction = 3 // renew once lease/renewFraction has passed
 )
 
-// run is one request that holds a claim. Fields below mu are guarded by
-// leases.mu.
+// run is one request holding a claim; fields after cancel are under leases.mu.
 type run struct {
 	key    store.Key
 	token  store.Token
@@ -71,9 +60,8 @@ func newLeases(s store.Store, lease time.Duration, m *metrics, logger *zap.Logge
 	return &leases{store: s, metrics: m, logger: logger, lease: lease, tick: max(lease/leaseTicks, minLeaseTick)}
 }
 
-// start registers a request that has just claimed its key, and returns the
-// context its work runs under: the request's values, without its
-// cancellation. The caller must call stop when the work is over.
+// start registers a request that just claimed its key, and returns its
+// work's context: the request's values, not its cancellation. Call stop.
 func (l *leases) start(client context.Context, key store.Key, tok store.Token) (*run, context.Context) {
 	ctx, cancel := context.WithCancel(context.WithoutCancel(client))
 	now := time.Now()
@@ -92,8 +80,8 @@ func (l *leases) start(client context.Context, key store.Key, tok store.Token) (
 	return r, ctx
 }
 
-// stop unregisters r: no renewal starts after it returns, and one in flight
-// is ignored. It cancels r's work context.
+// stop unregisters r and cancels its work: no renewal starts after it
+// returns, and one in flight is ignored.
 func (l *leases) stop(r *run) {
 	l.mu.Lock()
 	r.done = true
@@ -146,8 +134,7 @@ func (l *leases) check(r *run, now time.Time) {
 	}
 }
 
-// renew renews r's claim, retrying a failed renewal until the claim, held
-// until held, lapses.
+// renew renews r's claim, retrying until it lapses at held.
 func (l *leases) renew(r *run, held time.Time) {
 	for retry := minRenewRetry; !l.stopped(r); retry = min(2*retry, l.lease/renewFraction) {
 		// A renewal may take at most what is left of the lease.

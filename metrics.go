@@ -8,62 +8,47 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// The collectors are process-wide, created once and registered into each
-// config's registry: a reload registers them again (tolerated below), and
-// counters keep counting across reloads. Labels are bounded: a result, a
-// store module name, an operation; never a key or a path.
+// The collectors are process-wide, so counters survive reloads, which
+// register them again (tolerated below). Labels never hold a key or a path.
 var collectors struct {
-	once      sync.Once
-	requests  *prometheus.CounterVec
-	storeOps  *prometheus.HistogramVec
-	inFlight  prometheus.Gauge
-	renewals  prometheus.Counter
-	takeovers prometheus.Counter
-	waiting   prometheus.Gauge
-	storeErrs *prometheus.CounterVec
-	// unreadable counts sealed records refused (encryption_keys), by reason
+	once       sync.Once
+	requests   *prometheus.CounterVec
+	storeOps   *prometheus.HistogramVec
+	inFlight   prometheus.Gauge
+	renewals   prometheus.Counter
+	takeovers  prometheus.Counter
+	waiting    prometheus.Gauge
+	storeErrs  *prometheus.CounterVec
 	unreadable *prometheus.CounterVec
 }
 
 func initCollectors() {
 	const ns, sub = "caddy", "idempotency"
-	collectors.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: ns, Subsystem: sub, Name: "requests_total",
-		Help: "Requests seen by the idempotency handler, by result.",
-	}, []string{"result"})
+	opts := func(name, help string) prometheus.Opts {
+		return prometheus.Opts{Namespace: ns, Subsystem: sub, Name: name, Help: help}
+	}
+	collectors.requests = prometheus.NewCounterVec(prometheus.CounterOpts(opts("requests_total",
+		"Requests seen by the idempotency handler, by result.")), []string{"result"})
 	collectors.storeOps = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: ns, Subsystem: sub, Name: "store_operation_duration_seconds",
 		Help:    "Latency of idempotency store operations, by store and operation.",
 		Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
 	}, []string{"store", "operation"})
-	collectors.storeErrs = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: ns, Subsystem: sub, Name: "store_errors_total",
-		Help: "Idempotency store operations that failed because the store was unavailable.",
-	}, []string{"store", "operation"})
-	collectors.unreadable = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: ns, Subsystem: sub, Name: "unreadable_records_total",
-		Help: "Stored responses refused because no configured encryption key opens them (unknown_key), they fail authentication (authentication) or are malformed.",
-	}, []string{"reason"})
-	collectors.inFlight = prometheus.NewGauge(prometheus.GaugeOpts{
-		Namespace: ns, Subsystem: sub, Name: "in_flight_claims",
-		Help: "Claims held by requests running in this process.",
-	})
-	collectors.renewals = prometheus.NewCounter(prometheus.CounterOpts{
-		Namespace: ns, Subsystem: sub, Name: "lease_renewals_total",
-		Help: "Lease renewals of claims held by long-running requests.",
-	})
-	collectors.takeovers = prometheus.NewCounter(prometheus.CounterOpts{
-		Namespace: ns, Subsystem: sub, Name: "lease_takeovers_total",
-		Help: "Claims that took over a dead owner's claim after its lease passed (memory, file and postgres stores; Redis expires such claims by itself and cannot tell).",
-	})
-	collectors.waiting = prometheus.NewGauge(prometheus.GaugeOpts{
-		Namespace: ns, Subsystem: sub, Name: "waiting_duplicates",
-		Help: "Duplicates waiting for the first request with their key (on_conflict wait).",
-	})
+	collectors.storeErrs = prometheus.NewCounterVec(prometheus.CounterOpts(opts("store_errors_total",
+		"Idempotency store operations that failed because the store was unavailable.")), []string{"store", "operation"})
+	collectors.unreadable = prometheus.NewCounterVec(prometheus.CounterOpts(opts("unreadable_records_total",
+		"Stored responses refused because no configured encryption key opens them (unknown_key), they fail authentication (authentication) or are malformed.")), []string{"reason"})
+	collectors.inFlight = prometheus.NewGauge(prometheus.GaugeOpts(opts("in_flight_claims",
+		"Claims held by requests running in this process.")))
+	collectors.renewals = prometheus.NewCounter(prometheus.CounterOpts(opts("lease_renewals_total",
+		"Lease renewals of claims held by long-running requests.")))
+	collectors.takeovers = prometheus.NewCounter(prometheus.CounterOpts(opts("lease_takeovers_total",
+		"Claims that took over a dead owner's claim after its lease passed (memory, file and postgres stores; Redis expires such claims by itself and cannot tell).")))
+	collectors.waiting = prometheus.NewGauge(prometheus.GaugeOpts(opts("waiting_duplicates",
+		"Duplicates waiting for the first request with their key (on_conflict wait).")))
 }
 
-// metrics is a handler's view of the collectors. A nil *metrics (metrics
-// disabled) records nothing, so call sites need no checks.
+// metrics is a handler's view of the collectors; a nil one records nothing.
 type metrics struct {
 	results [numResults]prometheus.Counter
 }
@@ -86,8 +71,7 @@ func newMetrics(reg *prometheus.Registry) (*metrics, error) {
 	return m, nil
 }
 
-// publish gives the request's outcome to the access log's placeholder and
-// counts it.
+// publish sets the request's result placeholder, and counts it.
 func (m *metrics) publish(repl *caddy.Replacer, r result) {
 	repl.Set("http.idempotency.result", results[r].value)
 	if m != nil {
@@ -95,32 +79,20 @@ func (m *metrics) publish(repl *caddy.Replacer, r result) {
 	}
 }
 
-func (m *metrics) claimHeld(delta float64) {
+// add adds delta to c, a process-wide gauge or counter, unless m is nil.
+func (m *metrics) add(c interface{ Add(float64) }, delta float64) {
 	if m != nil {
-		collectors.inFlight.Add(delta)
+		c.Add(delta)
 	}
 }
 
-func (m *metrics) renewed() {
-	if m != nil {
-		collectors.renewals.Inc()
-	}
-}
-
-func (m *metrics) tookOver() {
-	if m != nil {
-		collectors.takeovers.Inc()
-	}
-}
+func (m *metrics) claimHeld(delta float64) { m.add(collectors.inFlight, delta) }
+func (m *metrics) renewed()                { m.add(collectors.renewals, 1) }
+func (m *metrics) tookOver()               { m.add(collectors.takeovers, 1) }
+func (m *metrics) waiter(delta float64)    { m.add(collectors.waiting, delta) }
 
 func (m *metrics) unreadable(reason string) {
 	if m != nil {
 		collectors.unreadable.WithLabelValues(reason).Inc()
-	}
-}
-
-func (m *metrics) waiter(delta float64) {
-	if m != nil {
-		collectors.waiting.Add(delta)
 	}
 }

@@ -13,23 +13,17 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
-// Every store call a handler makes is observed: timed, and counted when
-// the store was unavailable (the metrics, unless disable_metrics), and a
-// child span of the request's span when a route runs under Caddy's
-// tracing handler. Spans come from the tracer provider of the request's
-// span, not from OpenTelemetry's global one (Caddy keeps its own); without
-// a recording span nothing is created, and a call pays one context
-// lookup. Labels and attributes are bounded: the store's name and module,
-// the operation, what a call found and how it ended; never a key, a path
-// or a body.
+// Store calls are timed and their outages counted (unless disable_metrics),
+// and traced under the request's span when it records, with that span's
+// tracer provider: Caddy keeps its own, not OpenTelemetry's global one.
+// Labels and attributes never hold a key, a path or a body.
 const tracerName = "github.com/caddy-idempotency/caddy-idempotency"
 
 const (
-	attrStore  = attribute.Key("idempotency.store")
-	attrModule = attribute.Key("idempotency.store.module")
-	attrResult = attribute.Key("idempotency.result")
-	attrState  = attribute.Key("idempotency.state")
-	// attrTookOver marks an acquire that took over a dead owner's claim.
+	attrStore    = attribute.Key("idempotency.store")
+	attrModule   = attribute.Key("idempotency.store.module")
+	attrResult   = attribute.Key("idempotency.result")
+	attrState    = attribute.Key("idempotency.state")
 	attrTookOver = attribute.Key("idempotency.took_over")
 )
 
@@ -51,12 +45,10 @@ var operations = [numOperations]struct{ label, span string }{
 	opRenew:    {"renew", "idempotency.renew"},
 }
 
-// observed is a store whose calls are observed.
 type observed struct {
 	store.Store
 	attrs []attribute.KeyValue // the store's name and module
-	// The latency and failure metrics of each operation; nil without
-	// metrics.
+	// per operation; nil without metrics
 	latency  [numOperations]prometheus.Observer
 	failures [numOperations]prometheus.Counter
 }
@@ -73,8 +65,7 @@ func observe(s store.Store, reg store.Registration, timed bool) *observed {
 	return o
 }
 
-// begin starts observing a call of op under ctx: the span, if the request
-// records one, and the clock.
+// begin starts a call's span, if the request records one, and its clock.
 func (o *observed) begin(ctx context.Context, op operation) (context.Context, trace.Span, time.Time) {
 	ctx, span := startSpan(ctx, operations[op].span, o.attrs)
 	var start time.Time
@@ -84,10 +75,9 @@ func (o *observed) begin(ctx context.Context, op operation) (context.Context, tr
 	return ctx, span, start
 }
 
-// end records how the call that begin started ended. A failure counts
-// unless the caller's context ended it: a client that left is no store
-// outage. The span's status leaves the error's text out: a backend's
-// message may quote what it was sent.
+// end records how the call ended. A failure counts unless the caller's
+// context ended it: a client that left is no store outage. The span's status
+// omits the error's text, which may quote what the backend was sent.
 func (o *observed) end(ctx context.Context, op operation, span trace.Span, start time.Time, err error) {
 	if o.latency[op] != nil {
 		o.latency[op].Observe(time.Since(start).Seconds())
@@ -153,8 +143,7 @@ func (o *observed) Renew(ctx context.Context, k store.Key, tok store.Token, leas
 	return err
 }
 
-// startSpan starts a child span of the recording span in ctx, or returns
-// ctx and a nil span when there is none.
+// startSpan starts a child of ctx's recording span, or returns a nil span.
 func startSpan(ctx context.Context, name string, attrs []attribute.KeyValue) (context.Context, trace.Span) {
 	parent := trace.SpanFromContext(ctx)
 	if !parent.IsRecording() {
@@ -163,10 +152,7 @@ func startSpan(ctx context.Context, name string, attrs []attribute.KeyValue) (co
 	return parent.TracerProvider().Tracer(tracerName).Start(ctx, name, trace.WithAttributes(attrs...))
 }
 
-// endWait ends the span of a duplicate's wait (on_conflict wait) with how
-// the wait ended: owner_finished (the first request's record answers it),
-// owner_released (the first request released its claim, and this one runs
-// instead), timeout, client_left or store_error.
+// endWait ends the span of a duplicate's wait with how the wait ended.
 func endWait(span trace.Span, result string) {
 	if span == nil {
 		return
@@ -178,10 +164,8 @@ func endWait(span trace.Span, result string) {
 	span.End()
 }
 
-// detached is the context of the store calls made for a request once its
-// client may be gone (completion, release, their retries, renewals): none
-// of the request's cancellation or values, only its span, when it records,
-// so that those calls' spans join the request's trace.
+// detached is the context of store calls made once the client may be gone:
+// only the request's recording span, so that those calls join its trace.
 func detached(ctx context.Context) context.Context {
 	if span := trace.SpanFromContext(ctx); span.IsRecording() {
 		return trace.ContextWithSpan(context.Background(), span)

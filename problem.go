@@ -12,12 +12,12 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
 
-// docsURL anchors problem types in the README, which documents each answer;
+// docsURL anchors problem types in the README, which documents each answer:
 // the IETF draft asks a deployment to link its own idempotency policy.
 const docsURL = "https://github.com/caddy-idempotency/caddy-idempotency#"
 
-// problem is an RFC 9457 problem details answer, rendered once at provision
-// time so that refusing a request costs no encoding.
+// problem is an RFC 9457 problem details answer, rendered at provision so
+// that refusing costs no encoding.
 type problem struct {
 	status             int
 	typ, title, detail string
@@ -27,25 +27,21 @@ type problem struct {
 	routes             *errorRoutes // shared by a handler's problems
 }
 
-// Error makes a problem an error for Caddy's error routes; the message is
-// the detail, which {http.error.message} then shows.
+// Error gives Caddy's error routes the detail as {http.error.message}.
 func (p *problem) Error() string { return p.detail }
 
 var (
 	problemContentType = []string{"application/problem+json"}
 	noSniff            = []string{"nosniff"}
-	// noStore keeps every cache between the client and Caddy from keeping
-	// a refusal: a retry must reach the handler, which may answer it
+	// noStore keeps caches from keeping a refusal: a retry may be answered
 	// otherwise (the first request has ended, the store is back).
 	noStore = []string{"no-store"}
 )
 
-// answer sends p: as the problem+json body, or through the server's
-// handle_errors routes where one answers it, with the problem's parts in
-// placeholders. The Caddyfile merges every site's handle_errors into the
-// server's one list, and where no route answers, Caddy writes a bare
-// status: so the routes run here, and when none wrote an answer (another
-// site's routes, or this site's for other statuses), the problem is.
+// answer sends p through the server's handle_errors routes, its parts in
+// placeholders, or as problem+json when no route answers: the Caddyfile
+// merges every site's handle_errors into one list, and where none answers
+// Caddy would write a bare status.
 func (p *problem) answer(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer) error {
 	srv, ok := r.Context().Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
 	if !ok || srv.Errors == nil || len(srv.Errors.Routes) == 0 {
@@ -68,9 +64,8 @@ func (p *problem) answer(w http.ResponseWriter, r *http.Request, repl *caddy.Rep
 	return err
 }
 
-// errorRoutes is a server's error routes compiled, kept for the last
-// server a handler's refusals met (a handler serves in one server; a
-// reload provisions new handlers).
+// errorRoutes caches the compiled error routes of the last server seen (a
+// handler serves in one server; a reload provisions new handlers).
 type errorRoutes struct {
 	last atomic.Pointer[compiledRoutes]
 }
@@ -80,8 +75,7 @@ type compiledRoutes struct {
 	chain caddyhttp.Handler
 }
 
-// noAnswer ends the error routes without writing, so that answer writes
-// the problem.
+// noAnswer ends the error routes without writing, so the problem is.
 var noAnswer = caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil })
 
 func (e *errorRoutes) of(srv *caddyhttp.Server) caddyhttp.Handler {
@@ -93,10 +87,9 @@ func (e *errorRoutes) of(srv *caddyhttp.Server) caddyhttp.Handler {
 	return c.chain
 }
 
-// answerWatcher tells an error route's answer from none. A terminal
-// route that matched (a site's handle_errors for other statuses) ends in
-// Caddy's errorEmptyHandler, which writes the bare status: so the problem's
-// own status, until a body follows, is held back and counts as no answer.
+// answerWatcher tells an error route's answer from none. A matched route
+// for other statuses ends in Caddy's errorEmptyHandler, writing the bare
+// status: so the problem's own status is held back until a body follows.
 type answerWatcher struct {
 	*caddyhttp.ResponseWriterWrapper
 	status   int  // the problem's
@@ -113,8 +106,7 @@ func (a *answerWatcher) WriteHeader(status int) {
 	a.ResponseWriterWrapper.WriteHeader(status)
 }
 
-// answer sends the held status, once something else shows that a route
-// answered.
+// answer sends the held status once a route shows it answered.
 func (a *answerWatcher) answer() {
 	if a.held {
 		a.held = false
@@ -133,8 +125,7 @@ func (a *answerWatcher) ReadFrom(r io.Reader) (int64, error) {
 	return a.ResponseWriterWrapper.ReadFrom(r)
 }
 
-// FlushError is what http.ResponseController calls: the held status goes
-// first.
+// FlushError (called by http.ResponseController) sends the held status.
 func (a *answerWatcher) FlushError() error {
 	a.answer()
 	return http.NewResponseController(a.ResponseWriterWrapper.ResponseWriter).Flush()
@@ -173,9 +164,8 @@ const (
 	numProblems
 )
 
-// problemTable is every answer the handler gives on its own, with the
-// result it counts as. In details, {header} stands for the configured key
-// header and {max} for max_request_body.
+// problemTable is every answer the handler gives on its own. In details,
+// {header} is the configured key header and {max} max_request_body.
 var problemTable = [numProblems]struct {
 	status        int
 	anchor        string
@@ -211,9 +201,7 @@ var problemTable = [numProblems]struct {
 		"The request with this key was processed, but its stored response cannot be decrypted by this server. It will not run again; do not resend it with a new key before checking whether it took effect.", 0, resultUnreadable},
 }
 
-// problems are a handler's answers, rendered from problemTable with its
-// key header and body limit; they share one cache of the compiled error
-// routes.
+// problems are a handler's answers, sharing one cache of its error routes.
 type problems [numProblems]*problem
 
 func newProblems(header string, maxRequestBody int64) problems {

@@ -3,6 +3,7 @@ package idempotency
 import (
 	"bytes"
 	"errors"
+	"maps"
 	"net/http"
 	"net/textproto"
 	"slices"
@@ -12,12 +13,10 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
-// recorder streams the response to the client as the next handler writes
-// it and keeps a copy, up to a limit, for the store. It never reports a
-// failed client write to the handler above it: the client of the first
-// request may be gone, yet the upstream's answer must still be read whole
-// and stored, so that the client's retry gets it (the headline story: the
-// payment succeeded, the response was lost, the retry must not pay again).
+// recorder streams the response to the client and keeps a copy, up to
+// limit, for the store. It never reports a failed client write: the client
+// may be gone, yet the answer must still be read whole and stored for its
+// retry (the payment succeeded, the response was lost).
 type recorder struct {
 	http.ResponseWriter
 	limit int64
@@ -35,8 +34,7 @@ type recorder struct {
 
 var bufPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 
-// maxPooledBuffer keeps the odd megabyte response from pinning memory in
-// the pool forever.
+// maxPooledBuffer keeps a rare large response from pinning pool memory.
 const maxPooledBuffer = 64 << 10
 
 func putBuffer(b *bytes.Buffer) {
@@ -48,9 +46,8 @@ func putBuffer(b *bytes.Buffer) {
 
 var recorderPool = sync.Pool{New: func() any { return new(recorder) }}
 
-// newRecorder wraps w, whose header holds what the handlers before this
-// one set for this exchange (a request id, CORS headers): those are noted
-// here, so that only what the handlers after it add is stored.
+// newRecorder wraps w, noting the header the handlers before this one set
+// (a request id, CORS), so that only what later handlers add is stored.
 func newRecorder(w http.ResponseWriter, limit int64) *recorder {
 	rec := recorderPool.Get().(*recorder)
 	*rec = recorder{ResponseWriter: w, limit: limit, outer: rec.outer}
@@ -58,9 +55,7 @@ func newRecorder(w http.ResponseWriter, limit int64) *recorder {
 		if rec.outer == nil {
 			rec.outer = make(http.Header, len(h))
 		}
-		for name, values := range h {
-			rec.outer[name] = values
-		}
+		maps.Copy(rec.outer, h)
 	}
 	return rec
 }
@@ -103,8 +98,7 @@ func (rec *recorder) Write(p []byte) (int, error) {
 	rec.size += int64(len(p))
 	if !rec.overflow {
 		if rec.size > rec.limit {
-			// from here on the response only streams: a retry gets a
-			// problem answer instead of a partial replay
+			// only streams from here: a retry gets a problem, not a partial replay
 			rec.overflow = true
 			putBuffer(rec.buf)
 			rec.buf = nil
@@ -118,8 +112,7 @@ func (rec *recorder) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// FlushError lets flushes through (http.ResponseController prefers it to
-// Flush), so streamed responses reach the client as they are produced.
+// FlushError passes flushes on; http.ResponseController prefers it to Flush.
 func (rec *recorder) FlushError() error {
 	if !rec.wroteHeader {
 		rec.WriteHeader(http.StatusOK)
@@ -134,12 +127,10 @@ func (rec *recorder) FlushError() error {
 	return nil
 }
 
-// Unwrap gives http.ResponseController access to the connection's other
-// controls (deadlines, hijacking).
+// Unwrap gives http.ResponseController the connection's other controls.
 func (rec *recorder) Unwrap() http.ResponseWriter { return rec.ResponseWriter }
 
-// response is the whole answer, to store: the server answers an empty 200
-// to a handler that wrote nothing.
+// response is the answer to store: an empty 200 if the handler wrote nothing.
 func (rec *recorder) response() *store.Response {
 	status := rec.status
 	if !rec.wroteHeader {
@@ -157,14 +148,8 @@ func (rec *recorder) body() []byte {
 	return rec.buf.Bytes()
 }
 
-// What of a response's header is stored. The handlers before this one
-// (header, CORS) set headers for each exchange: they set them again for
-// the retry, so only what the handlers after this one added or changed is
-// stored (exchangeHeader).
-
-// unstorableHeaders are never stored or replayed: cookies and
-// authentication answers belong to the caller who received them, and the
-// rest describe one connection or are recomputed on replay.
+// unstorableHeaders are never stored: cookies and authentication answers
+// belong to their caller; the rest describe one connection or are recomputed.
 var unstorableHeaders = map[string]bool{
 	"Set-Cookie":                true,
 	"Set-Cookie2":               true,
@@ -181,10 +166,9 @@ var unstorableHeaders = map[string]bool{
 	"Alt-Svc":                   true,
 }
 
-// exchangeHeader is what h holds beyond outer, the header as the handlers
-// before this one left it: the names they did not set, whole; for the names
-// they set, the values appended after theirs, or the whole list if it was
-// replaced. It is nil when there is nothing to store.
+// exchangeHeader is what h holds beyond outer, which the handlers before
+// this one set again on a retry: new names whole; for their names, the
+// values appended after theirs, or the whole list if replaced. Nil if empty.
 func exchangeHeader(h, outer http.Header) http.Header {
 	var out http.Header
 	for name, values := range h {
@@ -204,10 +188,8 @@ func exchangeHeader(h, outer http.Header) http.Header {
 	return out
 }
 
-// addTrailers adds to rec's stored header the trailers set after the body,
-// under net/http's TrailerPrefix convention, which every store keeps as a
-// header name: the names the Trailer header declared, and the names
-// already written with the prefix.
+// addTrailers stores under net/http's TrailerPrefix the trailers that the
+// Trailer header declared, and those already set with the prefix.
 func (rec *recorder) addTrailers() {
 	h := rec.ResponseWriter.Header()
 	add := func(name string, values []string) {

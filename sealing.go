@@ -7,17 +7,12 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
-// Encryption at rest (encryption_keys) is a store of its own that wraps
-// the configured one: a completed response's headers and body are sealed
-// (keyring.go) before any store sees them, and opened when the record is
-// about to be replayed. The stores keep a sealed response as they keep any
-// body, flagged Sealed; what they, inspect, stuck and purges read besides
-// stays as it was (state, status, times, endpoint, fingerprint).
-//
-// It wraps every handler's store, with or without keys: a sealed record
-// that no configured key opens, because the keys were dropped or the
-// record was changed, is refused, never replayed as ciphertext and never
-// run again.
+// sealing (encryption_keys) wraps the configured store, sealing a completed
+// response's headers and body (keyring.go) before the store sees them and
+// opening them for replay; state, status, times, endpoint and fingerprint
+// stay clear for inspect, stuck and purge. It wraps every store, with or
+// without keys, so that a sealed record no key opens is refused: never
+// replayed as ciphertext, never run again.
 type sealing struct {
 	store.Store
 	keys *keyring // nil: no encryption_keys, nothing is sealed
@@ -27,8 +22,8 @@ func sealStore(s store.Store, keys *keyring) *sealing {
 	return &sealing{Store: s, keys: keys}
 }
 
-// unreadableRecord is the error Acquire returns for a sealed record that
-// would be replayed to the claim but does not open.
+// unreadableRecord is Acquire's error for a sealed record to replay that
+// does not open.
 type unreadableRecord struct {
 	reason string // unknown_key, authentication or malformed: a metric label
 	keyID  string // the id the record names; empty if malformed

@@ -7,15 +7,9 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
-// Waiting duplicates (on_conflict wait): instead of 409, a duplicate of a
-// running request waits for its outcome, then is answered as a retry would
-// be. A waiter wakes up when the claim ends (store.AwaitEnd): the handler
-// that held it signals the end in its own process, and a store that is a
-// store.Notifier signals ends on other instances. Polling covers the rest:
-// every notifiedPoll when the store promised a wake-up (a lost message, a
-// dropped subscription), and otherwise with a backoff from minPoll to
-// maxPoll, which covers owners on other instances of a store that sends no
-// wake-ups. Each poll is one store round trip.
+// With on_conflict wait, a waiter wakes when the claim ends (store.AwaitEnd),
+// signalled in this process or by a store.Notifier; polls cover lost wake-ups
+// (every notifiedPoll) and stores that send none (backoff minPoll..maxPoll).
 const (
 	minPoll      = 10 * time.Millisecond
 	maxPoll      = 250 * time.Millisecond
@@ -30,7 +24,6 @@ func (a *attempt) wait() error {
 	h.metrics.waiter(1)
 	defer h.metrics.waiter(-1)
 	deadline := time.Now().Add(time.Duration(h.MaxWait))
-	// The polls' spans are the wait's children.
 	ctx, span := startSpan(a.r.Context(), "idempotency.wait", nil)
 	poll := minPoll
 	timer := time.NewTimer(time.Duration(h.MaxWait))
@@ -40,7 +33,7 @@ func (a *attempt) wait() error {
 		timer.Reset(nextPoll(ctx, h.notifier, a.key, poll, deadline))
 		select {
 		case <-a.r.Context().Done():
-			// The client left; nothing ran for it, so nothing is lost.
+			// the client left; nothing ran for it, so nothing is lost
 			unwatch()
 			endWait(span, "client_left")
 			a.result(resultConflict)

@@ -8,10 +8,9 @@ import (
 	"time"
 )
 
-// The binary record format of the backends that keep records as opaque
-// values (Redis, the file store, the memory store). It starts with a fixed
-// head, so that a store, or a script on its server, checks a claim's owner
-// or picks out claims without decoding the rest:
+// The binary record format of the stores that keep records as opaque
+// values (Redis, file, memory). Its fixed head lets a store, or a script on
+// its server, check a claim's owner or pick out claims without decoding:
 //
 //	0      magic 'I'
 //	1      state
@@ -24,11 +23,6 @@ import (
 //	       bit 3: watched)
 //	then   the text: a uvarint length, then the prefixed endpoint and the
 //	       header (AppendHeader); the body is the rest.
-//
-// Every string of a record is in its text, which DecodeRecord copies once
-// and slices.
-//
-// The first OwnerLen bytes (magic, state, token) are the owner prefix.
 const (
 	magic          = 'I'
 	stateOff       = 1
@@ -45,38 +39,31 @@ const (
 	flagSealed         = 4
 )
 
-// FlagsOffset is the offset of the flags byte, and FlagWatched the flag
-// that marks an in-progress claim a duplicate waits for. A store whose
-// server edits values in place (the Redis store's scripts) sets it on the
-// live claim, so that whoever ends the claim knows to announce the end.
-// Decoding ignores it.
+// FlagsOffset is the offset of the flags byte. FlagWatched, which decoding
+// ignores, marks a claim a duplicate waits for, so that whoever ends it in
+// place on the server (Redis) announces the end.
 const (
 	FlagsOffset = flagsOff
 	FlagWatched = 8
 )
 
-// OwnerLen is the length of the owner prefix that starts every record: its
-// magic, state and owner token. A record starts with AppendOwner(dst,
-// token) exactly when it is an in-progress claim held by token, so a
-// script checks ownership with one compare of OwnerLen bytes, whatever the
-// size of the record.
+// OwnerLen is the length of the owner prefix (magic, state, token): a
+// record starts with AppendOwner(nil, token) exactly when it is a claim
+// held by token, so a script checks ownership with one compare.
 const OwnerLen = tokenOff + len(Token{})
 
-// AppendOwner appends the owner prefix of an in-progress claim held by
-// token.
+// AppendOwner appends the owner prefix of a claim held by token.
 func AppendOwner(dst []byte, token Token) []byte {
 	dst = append(dst, magic, byte(InProgress))
 	return append(dst, token[:]...)
 }
 
-// StatePrefix is how every record in state s starts: its magic and state
-// byte, so that a script tells a record's state with one compare.
+// StatePrefix is how every record in state s starts, so that a script
+// tells a record's state with one compare.
 func StatePrefix(s State) []byte { return []byte{magic, byte(s)} }
 
 // Encoded is a record as AppendRecord writes it. Its methods read the fixed
-// head alone, for stores that check a claim's owner or list claims without
-// decoding whole records. Bytes too short to hold the head, or without the
-// magic, are no record: their State is 0.
+// head alone; bytes without a head are no record: their State is 0.
 type Encoded []byte
 
 func (b Encoded) hasHead() bool { return len(b) >= fixedLen && b[0] == magic }
@@ -94,27 +81,19 @@ func (b Encoded) ClaimedBy(token Token) bool {
 	return b.State() == InProgress && Token(b[tokenOff:OwnerLen]) == token
 }
 
-// CreatedAt is when the record's key was claimed; zero if b is not a
-// record.
+// CreatedAt is when the record's key was claimed; zero if b is no record.
 func (b Encoded) CreatedAt() time.Time { return b.time(createdOff) }
 
 // ExpiresAt is when a completed record expires, as its writer noted it;
-// zero for a claim, or if b is not a record.
+// zero for a claim, or if b is no record.
 func (b Encoded) ExpiresAt() time.Time { return b.time(expiresOff) }
 
+// time reads a time written by appendTime: 0 is the zero time.
 func (b Encoded) time(off int) time.Time {
-	if !b.hasHead() {
+	if !b.hasHead() || binary.BigEndian.Uint64(b[off:]) == 0 {
 		return time.Time{}
 	}
-	return unixTime(binary.BigEndian.Uint64(b[off:]))
-}
-
-// unixTime reads a time written by appendTime: 0 is the zero time.
-func unixTime(ns uint64) time.Time {
-	if ns == 0 {
-		return time.Time{}
-	}
-	return time.Unix(0, int64(ns))
+	return time.Unix(0, int64(binary.BigEndian.Uint64(b[off:])))
 }
 
 func appendTime(dst []byte, t time.Time) []byte {
@@ -174,9 +153,8 @@ func AppendCompleted(dst []byte, c *Claim, resp *Response, expires time.Time) []
 	})
 }
 
-// AppendHeader appends h: a uvarint count of names, a uvarint count of
-// values, then per name a prefixed name, a uvarint count of its values and
-// each value prefixed. Any bytes round-trip.
+// AppendHeader appends h: uvarint counts of names and of values, then per
+// name the prefixed name, its count of values and each value prefixed.
 func AppendHeader(dst []byte, h http.Header) []byte {
 	values := 0
 	for _, vs := range h {
@@ -264,7 +242,7 @@ func appendString(dst []byte, s string) []byte {
 }
 
 // decoder reads the fields of b, slicing its strings from text, a copy of
-// b, and remembers the first error, so that the caller checks once.
+// b; the caller checks err once at the end.
 type decoder struct {
 	b    []byte
 	text string
@@ -273,8 +251,7 @@ type decoder struct {
 }
 
 // count reads a uvarint count, bounded by the bytes left (every element
-// takes at least one byte), so corrupt input cannot make a huge
-// allocation.
+// takes one at least), so corrupt input cannot make a huge allocation.
 func (d *decoder) count() int {
 	if d.err {
 		return 0

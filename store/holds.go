@@ -9,35 +9,25 @@ import (
 	"go.uber.org/zap"
 )
 
-// drainMargin is added to the longest lease of a replaced store's holds to
-// bound how long it stays open after its Cleanup: it covers the last store
-// calls of a request whose lease just ended, which each store bounds with
-// its own timeouts (seconds at most). A variable for the tests.
+// drainMargin, added to the longest lease of a replaced store's holds,
+// bounds how long it stays open after its Cleanup: it covers the last
+// calls of a request whose lease just ended. A variable for the tests.
 var drainMargin = 5 * time.Second
 
-// detachLinger is how long Detach keeps a store that a reload replaced
-// open even when no request holds it: a request that the old server read
-// just before it stopped may start after the Cleanup, and must find its
-// store open when it takes its hold. A variable for the tests.
+// detachLinger is how long Detach keeps a store that a reload replaced open
+// even when no request holds it: a request the old server read just before
+// it stopped may take its hold after the Cleanup. A variable for the tests.
 var detachLinger = time.Second
 
-// Holds counts the requests that use one provisioned store, so that the
-// store's shared backend (client, pool, file, table) outlives its Cleanup
-// while they need it. Caddy cleans up the old config of a reload as soon
-// as the new one runs, without waiting for the old config's requests; a
-// reload that changes the store's options gives the new config another
-// backend, and the old one would be closed under requests that still have
-// to complete or release their claims. So Detach gives the backend back
-// only once the last hold is given back, or once the longest lease of the
-// holds plus drainMargin has passed since the Cleanup: a request that
-// still runs then fares as after a crash (it can no longer renew its
-// claim, which lapses), but a hung request cannot keep a backend open for
-// ever.
+// Holds counts the requests that use one provisioned store, so that its
+// shared backend outlives its Cleanup while they need it: Caddy cleans up
+// the old config of a reload without waiting for its requests. Detach
+// gives the backend back with the last hold, or once the longest lease
+// plus drainMargin has passed, so that a hung request cannot keep it open.
 //
 // A request takes a hold before its first store call and gives it back
-// when it is over; work it leaves to the background takes its own. The
-// methods are safe on a nil *Holds (a store that does not register), and
-// cost a request a few atomic operations and no allocation.
+// when it is over; background work takes its own. The methods are safe on
+// a nil *Holds.
 type Holds struct {
 	n     atomic.Int64
 	lease atomic.Int64 // the longest lease of any hold taken, in ns
@@ -53,14 +43,8 @@ type Holds struct {
 func HoldsOf(s Store) *Holds {
 	registry.Lock()
 	defer registry.Unlock()
-	for _, list := range registry.stores {
-		for _, e := range list {
-			if e.Store == s {
-				return e.holds
-			}
-		}
-	}
-	return nil
+	e, _ := find(s)
+	return e.holds
 }
 
 // Take notes a user of the store whose claim holds for lease.
@@ -87,12 +71,11 @@ func (h *Holds) Give() {
 	}
 }
 
-// later arranges for release, which gives the backend back, to run once
-// no hold is left, and at the latest after the longest lease plus
-// drainMargin. A store that a reload replaced lingers too, at least
-// detachLinger: the linger is a hold of its own. It reports false, and
-// keeps nothing, if no hold is left and none lingers: the caller gives the
-// backend back at once.
+// later arranges for release to run once no hold is left, and at the
+// latest after the longest lease plus drainMargin. A store that a reload
+// replaced lingers at least detachLinger, as a hold of its own. It reports
+// false, keeping nothing, if no hold is left and none lingers: the caller
+// gives the backend back at once.
 func (h *Holds) later(release func(), replaced bool) bool {
 	if h == nil {
 		return false
@@ -141,8 +124,7 @@ func (h *Holds) runLocked() {
 	}
 }
 
-// closeLater is how Detach gives back the pool entry at key of a store
-// that holds remain on: with the last of them, logging what closing said.
+// closeLater gives back the pool entry at key with the last hold.
 func closeLater(h *Holds, replaced bool, name string, pool usagePool, key string) bool {
 	return h.later(func() {
 		if _, err := pool.Delete(key); err != nil {

@@ -7,43 +7,35 @@ import (
 	"time"
 )
 
-// Inspector is implemented by stores that let an operator look at their
-// records and purge them: the admin API and the `caddy idempotency` command
-// use it. It is separate from Store because the handler never needs it.
-//
-// Its methods see the same live records as Acquire: a record whose lease or
-// TTL has passed is absent, whether or not the backend has deleted it yet.
+// Inspector is implemented by stores that let an operator (the admin API,
+// the `caddy idempotency` command) look at their records and purge them.
+// Its methods see the same live records as Acquire: a record whose lease
+// or TTL has passed is absent, whether or not the backend has deleted it.
 type Inspector interface {
-	// Lookup returns the live record of key and when it expires (the end
-	// of the lease while in progress, of the TTL once completed; zero if
-	// the backend keeps it without expiry), or a nil record if there is
-	// none. The record is the whole record, body included.
+	// Lookup returns the whole live record of key and when its lease or
+	// TTL ends (zero if the backend keeps it without expiry), or a nil
+	// record if there is none.
 	Lookup(ctx context.Context, key Key) (rec *Record, expiresAt time.Time, err error)
 
 	// Delete removes key's record whatever its state and owner, and
-	// reports whether a live record was there. Deleting an in-progress
-	// claim lets a retry run while its first request may still be running:
-	// the owner's Complete then fails with ErrNotOwner.
+	// reports whether a live record was there. The owner of a deleted
+	// claim then fails with ErrNotOwner.
 	Delete(ctx context.Context, key Key) (bool, error)
 
-	// InFlight lists at most limit in-progress claims created at least
-	// olderThan ago, oldest first among those it found. Stores that can
-	// only scan their keys (Redis) stop once they have found limit claims,
-	// which are then not necessarily the oldest of all.
+	// InFlight lists at most limit claims created at least olderThan ago,
+	// oldest first among those found (Redis stops scanning at limit).
 	InFlight(ctx context.Context, olderThan time.Duration, limit int) ([]Entry, error)
 }
 
-// Summary is what a listing tells of a record: everything but the owner
-// token, the fingerprint, the headers and the body, whose size alone is
-// given (of a sealed body, the size of what is stored).
+// Summary is what a listing tells of a record: not its owner token,
+// fingerprint, headers or body, whose stored size alone is given.
 type Summary struct {
-	State     State
-	Endpoint  string
-	CreatedAt time.Time
-	Status    int
-	BodySize  int
-	Truncated bool
-	// OutcomeUnknown is Record.OutcomeUnknown.
+	State          State
+	Endpoint       string
+	CreatedAt      time.Time
+	Status         int
+	BodySize       int
+	Truncated      bool
 	OutcomeUnknown bool
 }
 
@@ -64,8 +56,8 @@ func Summarize(rec *Record) Summary {
 type Entry struct {
 	Key Key
 	Summary
-	// ExpiresAt is when the lease (in progress) or the TTL (completed)
-	// ends; zero if the backend keeps the record without expiry.
+	// ExpiresAt is when the lease or the TTL ends; zero if the backend
+	// keeps the record without expiry.
 	ExpiresAt time.Time
 }
 

@@ -10,16 +10,10 @@ import (
 	"unicode"
 )
 
-// The registry of provisioned stores: every store module registers itself
-// when it is provisioned and unregisters when it is cleaned up, so that the
-// admin API, which Caddy provisions apart from any config, can reach them,
-// and so that the handler labels its metrics and spans with the name the
-// operator reads in `caddy idempotency stores`.
-//
-// Configs share a store's client or table through usage pools, so several
-// module instances (of one config, or of the old and new config during a
-// reload) can stand for the same records: they register under the same
-// name, and the name stays registered until the last of them is cleaned up.
+// The registry of provisioned stores, through which the admin API (which
+// Caddy provisions apart from any config) reaches them. Module instances
+// that share one backend (in one config, or across a reload) register under
+// one name, which stays until the last of them is cleaned up.
 var registry = struct {
 	sync.Mutex
 	stores map[string][]entry // by name, in order of registration
@@ -28,37 +22,25 @@ var registry = struct {
 type entry struct {
 	Registration
 	records string // the store's default name, which identifies its records
-	// config is the Done channel of the context of the config that
-	// provisioned the store, which tells one config's stores from another's
-	// (Caddy provisions every module of a config in contexts derived from
-	// one); nil outside a config.
+	// config is the Done channel of the provisioning config's context (all
+	// of a config's module contexts derive from one); nil outside a config.
 	config <-chan struct{}
 	holds  *Holds // the requests that use the store (holds.go)
 }
 
 // Registration is a registered store.
 type Registration struct {
-	// Name is what operators call the store: the name its config gives
-	// it, else its default name.
-	Name string
-	// Module is the store module's name: memory, redis, file, postgres.
-	Module string
+	Name   string // its configured name, else its default name
+	Module string // memory, redis, file, postgres
 	Store  Store
 }
 
 // Register records that reg.Store is provisioned, under reg.Name, by the
 // config whose context is ctx (nil outside a config). records is the
-// store's default name: it identifies the records the store holds, not its
-// client settings (the same Redis database and key prefix, the same file,
-// the same table, the same memory table), reads as a person would write
-// it, and never holds a secret.
-//
+// store's default name, which identifies its records and holds no secret.
 // Within one config a name stands for one set of records and a set of
-// records has one name: a name given to stores that hold different
-// records, or two names given to the same records, are errors. Across
-// configs they are not, so that a reload may move a name to other records;
-// until the old config is cleaned up, Registered shows the newer store.
-// On error nothing is registered.
+// records has one name; across configs not, so that a reload may move a
+// name. On error nothing is registered.
 func Register(ctx context.Context, reg Registration, records string) error {
 	if err := checkName(reg.Name); err != nil {
 		return err
@@ -87,8 +69,7 @@ func Register(ctx context.Context, reg Registration, records string) error {
 }
 
 // checkName refuses names that would not read as one word in a listing, a
-// metrics label or a command line: empty, with surrounding spaces, or with
-// characters that do not print.
+// metrics label or a command line.
 func checkName(name string) error {
 	if name == "" || strings.TrimSpace(name) != name || strings.IndexFunc(name, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0 {
 		return fmt.Errorf("store name %q: want printable characters, without leading or trailing spaces", name)
@@ -101,8 +82,8 @@ func checkName(name string) error {
 func Unregister(name string, s Store) { unregister(name, s) }
 
 // unregister is Unregister, returning the holds of s if it was registered,
-// and whether another store is registered for the same records: the store
-// of a config that replaced s's.
+// and whether another store (of a config that replaced s's) is still
+// registered under name.
 func unregister(name string, s Store) (holds *Holds, replaced bool) {
 	registry.Lock()
 	defer registry.Unlock()
@@ -119,13 +100,10 @@ func unregister(name string, s Store) (holds *Holds, replaced bool) {
 	return holds, len(list) > 0
 }
 
-// Detach undoes what a store's Provision did with a shared backend: it
-// unregisters s from name and gives back its use of the pooled resource at
-// *poolKey (a caddy.UsagePool, which destroys the resource with its last
-// user). While requests hold s (HoldsOf), the give-back waits for the last
-// of them, within a bound (holds.go), and an error closing the resource is
-// logged rather than returned. It clears *poolKey, so that a second call,
-// or one for a store that never got the resource, does nothing.
+// Detach undoes a store's Provision: it unregisters s from name and gives
+// back its use of the pooled resource at *poolKey once no request holds s
+// (Holds); an error closing it later is logged. It clears *poolKey, so
+// that a second call does nothing.
 func Detach(s Store, name string, pool usagePool, poolKey *string) error {
 	if *poolKey == "" {
 		return nil
@@ -143,8 +121,7 @@ func Detach(s Store, name string, pool usagePool, poolKey *string) error {
 	return err
 }
 
-// usagePool is what Detach needs of the caddy.UsagePool of a store's
-// backends.
+// usagePool is what Detach needs of a caddy.UsagePool.
 type usagePool interface {
 	Delete(key any) (bool, error)
 	References(key any) (int, bool)
@@ -167,12 +144,18 @@ func Registered() []Registration {
 func RegistrationOf(s Store) (Registration, bool) {
 	registry.Lock()
 	defer registry.Unlock()
+	e, ok := find(s)
+	return e.Registration, ok
+}
+
+// find returns the entry of s. The caller holds the registry's lock.
+func find(s Store) (entry, bool) {
 	for _, list := range registry.stores {
 		for _, e := range list {
 			if e.Store == s {
-				return e.Registration, true
+				return e, true
 			}
 		}
 	}
-	return Registration{}, false
+	return entry{}, false
 }

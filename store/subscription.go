@@ -2,36 +2,29 @@ package store
 
 import (
 	"encoding/hex"
+	"errors"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// The instances of a shared store hear from each other (the ends of claims
-// that someone waits for, purges) over one subscription per client or
-// pool: Redis Pub/Sub, PostgreSQL LISTEN. What the subscriptions of both
-// have in common lives here: how a silent one is checked, the backoff
-// between attempts to establish one again, and the counting of losses
-// against the stores a subscription serves. The local tiers that a
-// subscription keeps coherent are tier.Tiers.
+// The instances of a shared store hear from each other (ends of awaited
+// claims, purges) over one subscription per client or pool: Redis Pub/Sub,
+// PostgreSQL LISTEN. What both have in common lives here.
 const (
 	// PingAfter is how long a silent subscription goes before it is
-	// pinged; unanswered for as long again, it counts as lost. A
-	// connection that died without a word (a partition) is noticed within
-	// twice this.
+	// pinged; unanswered for as long again, it counts as lost, so that a
+	// connection that died without a word (a partition) is noticed.
 	PingAfter = time.Second
-	// resubscribeMin and resubscribeMax bound the backoff between attempts
-	// to subscribe again.
+	// resubscribeMin and resubscribeMax bound the backoff.
 	resubscribeMin = 100 * time.Millisecond
 	resubscribeMax = 5 * time.Second
 )
 
-// KeepSubscribed runs session over and over until stop is closed, waiting
-// between two runs with a backoff of 100ms, doubling up to 5s. A session
-// that reports it was established (and so was lost when it returned)
-// starts the backoff over: a subscription that held for a while is tried
-// again at once, a server that refuses it is not hammered.
+// KeepSubscribed runs session over and over until stop is closed, with a
+// backoff of 100ms doubling up to 5s, which a session that was established
+// starts over: a server that refuses it is not hammered.
 func KeepSubscribed(stop <-chan struct{}, session func() (established bool)) {
 	backoff := resubscribeMin
 	for {
@@ -48,22 +41,21 @@ func KeepSubscribed(stop <-chan struct{}, session func() (established bool)) {
 }
 
 // LossCounter counts the losses of one subscription in
-// SubscriptionLosses, once against each store that it serves, by the
-// store's name.
+// SubscriptionLosses, once against each store it serves.
 type LossCounter struct {
 	losses *prometheus.CounterVec
 	mu     sync.Mutex
 	stores map[string]int // the names of the stores served, and how many of each
 }
 
-// NewLossCounter returns a counter that counts in losses, which
-// SubscriptionLosses returned.
+// NewLossCounter returns a counter that counts in losses, from
+// SubscriptionLosses.
 func NewLossCounter(losses *prometheus.CounterVec) *LossCounter {
 	return &LossCounter{losses: losses, stores: make(map[string]int)}
 }
 
 // Add adds the store called name to those the subscription serves; a
-// config reload adds the same name twice, and removes it once.
+// reload adds the same name twice, and removes it once.
 func (c *LossCounter) Add(name string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -89,8 +81,7 @@ func (c *LossCounter) Lost() {
 }
 
 // The events that instances announce on their channel, as text: one byte
-// of kind, then the key's 64 hex digits. The Redis store publishes them
-// from Go, the PostgreSQL store's statements compose them in SQL.
+// of kind, then the key's 64 hex digits (PostgreSQL composes them in SQL).
 const (
 	EventEnded  = 'e' // a claim someone waits for was completed or released
 	EventPurged = 'p' // a record was deleted, whatever its state
@@ -112,4 +103,23 @@ func ParseEvent(p string) (kind byte, k Key, ok bool) {
 		return 0, k, false
 	}
 	return p[0], k, true
+}
+
+// subscriptionLosses is process-wide, like the subscriptions, and
+// registered into each config's registry.
+var subscriptionLosses = prometheus.NewCounterVec(prometheus.CounterOpts{
+	Namespace: "caddy", Subsystem: "idempotency", Name: "store_subscription_losses_total",
+	Help: "Subscriptions to other instances' notifications (wake-ups of waiting duplicates, purges) that dropped and had to be re-established, by store.",
+}, []string{"store"})
+
+// SubscriptionLosses registers the loss counter, labelled by store name,
+// into reg (unless nil), tolerating an earlier config's registration, and
+// returns it.
+func SubscriptionLosses(reg *prometheus.Registry) (*prometheus.CounterVec, error) {
+	if reg != nil {
+		if err := reg.Register(subscriptionLosses); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
+			return nil, err
+		}
+	}
+	return subscriptionLosses, nil
 }

@@ -4,29 +4,23 @@ import (
 	"context"
 	"errors"
 	"sync"
-
-	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Waiting duplicates (the handler's on_conflict wait) wait for the end of
-// the claim they duplicate: its completion, its release, or a purge. The
-// handler signals the end of the claims it holds itself; a store that hears
-// of ends on other instances (a Notifier) signals those. Both go through
-// one process-wide broadcast, so that a waiter hears of the end whichever
+// Waiting duplicates (on_conflict wait) wait for the end of the claim they
+// duplicate: its completion, release or purge. The handler signals the
+// ends of its own claims, a Notifier those on other instances, through one
+// process-wide broadcast, so that a waiter hears of the end whichever
 // handler, config or instance held the claim.
 var ends = &broadcast{watches: make(map[Key]*watch)}
 
 // AwaitEnd returns a channel closed when SignalEnd(k) is next called in
-// this process, and a function that withdraws the caller's interest, so
-// that the watches of claims that end elsewhere unheard do not pile up.
-// Call it before the store call that finds the claim still running: an end
-// signalled between the two would otherwise be missed.
+// this process, and a function that withdraws the caller's interest. Call
+// it before the store call that finds the claim running, or an end
+// signalled between the two is missed.
 func AwaitEnd(k Key) (ended <-chan struct{}, stop func()) { return ends.watch(k) }
 
 // SignalEnd wakes every waiter on k in this process. A spurious wake-up is
-// harmless: a waiter reads the store again and waits on if the claim still
-// runs. It is cheap when nobody waits: a map lookup under a lock held for
-// nanoseconds.
+// harmless: a waiter reads the store again. It is cheap when nobody waits.
 func SignalEnd(k Key) { ends.done(k) }
 
 // Awaited is the number of keys that waiters in this process await.
@@ -36,23 +30,17 @@ func Awaited() int {
 	return len(ends.watches)
 }
 
-// Notifier is implemented by stores shared by several instances that can
-// tell this process when a claim ends on another one (Redis Pub/Sub,
-// PostgreSQL LISTEN/NOTIFY), so that a waiter there is woken at once
-// instead of polling. A single-instance store needs no Notifier: every
-// claim ends in its own process, where the handler signals it.
+// Notifier is implemented by shared stores that can tell this process when
+// a claim ends on another instance, so that a waiter is woken at once
+// instead of polling. A single-instance store needs none: the handler
+// signals every end.
 type Notifier interface {
 	// Notify arranges for SignalEnd(k) to be called in this process when
-	// k's current claim ends on any instance (completed, released or
-	// purged), and reports whether the claim is still in progress. When
-	// it is not (it ended before Notify ran), nothing is arranged and the
-	// caller reads the record at once. Notify checks the claim and
-	// arranges the wake-up atomically, so an end cannot slip between
-	// them; the caller calls AwaitEnd first. A claim taken over after its
-	// owner died is a new claim, to notify anew.
-	//
-	// ErrNotListening, or any other error, means that no wake-up can be
-	// promised now: the caller polls the store instead.
+	// k's current claim ends on any instance, and reports whether it is
+	// still in progress (if not, nothing is arranged), atomically, so an
+	// end cannot slip between; the caller calls AwaitEnd first. A claim
+	// taken over is a new claim, to notify anew. An error means no wake-up
+	// is promised: the caller polls the store instead.
 	Notify(ctx context.Context, k Key) (inProgress bool, err error)
 }
 
@@ -99,25 +87,4 @@ func (b *broadcast) done(k Key) {
 	if ok {
 		close(wt.ch)
 	}
-}
-
-// subscriptionLosses counts, per store (by name), the subscriptions to
-// other instances' notifications that dropped. It is process-wide, like the
-// subscriptions, and registered into each config's registry.
-var subscriptionLosses = prometheus.NewCounterVec(prometheus.CounterOpts{
-	Namespace: "caddy", Subsystem: "idempotency", Name: "store_subscription_losses_total",
-	Help: "Subscriptions to other instances' notifications (wake-ups of waiting duplicates, purges) that dropped and had to be re-established, by store.",
-}, []string{"store"})
-
-// SubscriptionLosses registers the loss counter into reg, tolerating a
-// registration by an earlier config, and returns it; its label is the
-// name of a store the lost subscription served. A nil reg registers
-// nothing.
-func SubscriptionLosses(reg *prometheus.Registry) (*prometheus.CounterVec, error) {
-	if reg != nil {
-		if err := reg.Register(subscriptionLosses); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
-			return nil, err
-		}
-	}
-	return subscriptionLosses, nil
 }

@@ -10,26 +10,17 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
-// claims are the keys in flight: one claim per request that runs in this
-// process. They are kept in memory only, so that a new key costs one synced
-// write, its completion, rather than two. The file's lock makes this
-// process the only one that claims its keys, so memory is where every
-// claim of the file is. A crash forgets them, which the guarantees allow:
-// whatever ran when the process died may run once more, and now a retry
-// after a restart runs at once instead of after the lease.
+// claims are the keys in flight, kept in memory only so that a new key
+// costs one synced write (its completion); the file's lock makes this
+// process the only one to claim its keys. A crash forgets them, which the
+// guarantees allow: a retry after a restart runs at once.
 //
-// An owner's completion is committed to the file before its claim is
-// dropped from here, so that a claim is never missing from both; Acquire
-// relies on that order.
-//
-// That order alone does not make Acquire's read of the file and its claim
-// here one step: a duplicate that read the file before a completion was
-// committed, and claims after its claim was dropped, would hold a claim on
-// a completed key, one that other duplicates would be shown as the key's
-// record. So each committed completion counts itself in settled, under the
-// lock, as it drops its claim, and take refuses to claim if the count for
-// the key's shard has changed since the caller read it, before its read of
-// the file: the caller reads the file again, and finds the completion.
+// A completion is committed to the file before its claim is dropped, so a
+// claim is never missing from both; but a duplicate that read the file
+// before the commit, and claims after the drop, would claim a completed
+// key. So a committed completion counts itself in settled as it drops its
+// claim, and take refuses to claim if the count of the key's shard changed
+// since before the file was read.
 type claims struct {
 	mu      sync.Mutex
 	byKey   map[store.Key]*held
@@ -37,43 +28,39 @@ type claims struct {
 	settled [settledShards]atomic.Uint64
 }
 
-// settledShards is how many counts of committed completions claims keeps,
-// a key's shard being its first byte (keys are SHA-256 sums): a completion
-// makes Acquire read the file again only for keys of its shard.
+// settledShards is the number of counts of committed completions, a key's
+// shard being its first byte (keys are SHA-256 sums).
 const settledShards = 256
 
-// generation returns the count of committed completions of k's shard, to
-// be read before the file and given to take.
+// generation returns the count of committed completions of k's shard, for
+// take, read before the file.
 func (cs *claims) generation(k store.Key) uint64 { return cs.settled[k[0]].Load() }
 
 // held is one claim.
 type held struct {
-	// blob is the claim's record in the shared codec; never written once
-	// built, so that it may be decoded outside the lock.
-	blob store.Encoded
-	// expires is the end of the lease, in Unix nanoseconds.
-	expires int64
+	// blob is the claim's record; never written once built, so that it may
+	// be decoded outside the lock.
+	blob    store.Encoded
+	expires int64 // the end of the lease, in Unix nanoseconds
 	// storing is set while the owner's completion is being committed: the
 	// claim holds whatever its lease says, and cannot be taken over,
-	// released or completed a second time, until the commit has ended.
+	// released or completed again.
 	storing bool
 }
 
 func newClaims() *claims { return &claims{byKey: make(map[store.Key]*held)} }
 
-// errClosed is what bbolt answers once the file is closed.
+// errClosed is bbolt's answer once the file is closed.
 var errClosed = berrors.ErrDatabaseNotOpen
 
 // alive reports whether e holds its key at n: its lease has not passed, or
 // its completion is being committed.
 func (e *held) alive(n int64) bool { return e.storing || n < e.expires }
 
-// take claims k for c at t unless it is held, in which case it returns the
-// holder's record. tookOver is whether the claim replaced one whose lease
-// had passed. gen is what generation returned before the caller read the
-// file; stale reports that a completion of k's shard has been committed
-// since, which that read may have missed: nothing is claimed, and the
-// caller must read the file again.
+// take claims k for c at t unless it is held, returning then the holder's
+// record. tookOver: the claim replaced one whose lease had passed. stale:
+// a completion of k's shard was committed since generation returned gen,
+// nothing is claimed, and the caller must read the file again.
 func (cs *claims) take(k store.Key, c *store.Claim, t time.Time, gen uint64) (holder store.Encoded, tookOver, stale bool, err error) {
 	blob := store.AppendClaim(nil, c) // outside the lock: it needs nothing from it
 	cs.mu.Lock()
@@ -131,8 +118,7 @@ func (cs *claims) renew(k store.Key, tok store.Token, lease time.Duration, t tim
 	return nil
 }
 
-// pin marks the claim held by tok as being completed, so that nothing
-// takes it while its completion is committed; settle ends that.
+// pin marks the claim held by tok as being completed, until settle.
 func (cs *claims) pin(k store.Key, tok store.Token, t time.Time) (*held, error) {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
@@ -147,10 +133,9 @@ func (cs *claims) pin(k store.Key, tok store.Token, t time.Time) (*held, error) 
 	return e, nil
 }
 
-// settle ends the completion of e: a committed one drops the claim, which
-// the record in the file replaces, and counts itself for take; a failed one
-// leaves the claim to its owner, who may try again while its lease lasts.
-// An operator may have removed e meanwhile.
+// settle ends the completion of e: a committed one drops the claim and
+// counts itself for take; a failed one leaves the claim to its owner, who
+// may try again. An operator may have removed e meanwhile.
 func (cs *claims) settle(k store.Key, e *held, committed bool) {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
@@ -180,7 +165,7 @@ func (cs *claims) lookup(k store.Key, t time.Time) (blob store.Encoded, expires 
 
 // remove deletes k's claim whoever holds it, and reports whether it held
 // the key. A completion under way then fails with ErrNotOwner if it has not
-// written yet, and is deleted from the file by the caller if it has.
+// written yet; the caller deletes it from the file if it has.
 func (cs *claims) remove(k store.Key, t time.Time) (bool, error) {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
@@ -195,8 +180,8 @@ func (cs *claims) remove(k store.Key, t time.Time) (bool, error) {
 	return e.alive(t.UnixNano()), nil
 }
 
-// list returns the claims made by cutoff that hold their key at t, with
-// their records for the caller to decode outside the lock.
+// list returns copies of the claims made by cutoff that hold their key at
+// t, to be decoded outside the lock.
 func (cs *claims) list(t, cutoff time.Time) (map[store.Key]*held, error) {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
@@ -213,9 +198,8 @@ func (cs *claims) list(t, cutoff time.Time) (map[store.Key]*held, error) {
 	return out, nil
 }
 
-// sweep drops the claims whose lease has passed: their owners stalled or
-// failed to release them. Until then, claiming their key reports a
-// takeover.
+// sweep drops the claims whose lease has passed; until then, claiming
+// their key reports a takeover.
 func (cs *claims) sweep(t time.Time) {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()

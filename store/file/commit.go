@@ -8,20 +8,15 @@ import (
 )
 
 // groupCommit lets concurrent completions share one write transaction, and
-// so one fsync, without making a lone request wait: every completion syncs
-// the file, and one sync at a time is what bounds the store's throughput.
+// so one fsync, without making a lone request wait (as bbolt's Batch does,
+// which may also run a function twice): a writer that finds no commit in
+// progress commits at once; the first writer that queued meanwhile then
+// commits the whole queue.
 //
-// A writer that finds no commit in progress commits at once, alone. Writers
-// that arrive meanwhile queue up; when the commit ends, the first of them
-// commits the whole queue in one transaction, and so on. (bbolt's own Batch
-// waits up to MaxBatchDelay for company before committing, which would make
-// every request at low concurrency slower, and may run a function twice.)
-//
-// Each function runs once, in queue order, inside the shared transaction,
-// and its error is its own: it must return before writing anything when it
-// fails (the owner check does), so that it leaves no trace in a transaction
-// that commits the others. If the commit itself fails, every writer in it
-// gets that error, and none of their writes were made.
+// Each function runs once, in queue order, in the shared transaction, and
+// its error is its own: it must fail before writing anything, so that it
+// leaves no trace in a transaction that commits the others. If the commit
+// fails, every writer in it gets that error.
 type groupCommit struct {
 	db *bolt.DB
 
@@ -37,8 +32,8 @@ type pendingWrite struct {
 	done chan struct{} // one send: a result, or the lead
 }
 
-// update runs fn in a write transaction, possibly shared with other
-// writers, and returns once that transaction is committed and synced.
+// update runs fn in a write transaction, possibly shared, and returns once
+// it is committed and synced.
 func (g *groupCommit) update(fn func(*bolt.Tx) error) error {
 	w := &pendingWrite{fn: fn, done: make(chan struct{}, 1)}
 	g.mu.Lock()
@@ -59,8 +54,7 @@ func (g *groupCommit) update(fn func(*bolt.Tx) error) error {
 	g.mu.Unlock()
 	g.commit(batch)
 
-	// Hand the next commit to the first writer that queued meanwhile:
-	// this one has its answer and should not keep committing for others.
+	// Hand the next commit to the first writer that queued meanwhile.
 	g.mu.Lock()
 	if len(g.queue) == 0 {
 		g.running = false
@@ -75,8 +69,8 @@ func (g *groupCommit) update(fn func(*bolt.Tx) error) error {
 
 func (g *groupCommit) commit(batch []*pendingWrite) {
 	err := g.db.Update(func(tx *bolt.Tx) (err error) {
-		// A panicking write must not leave the others waiting for ever, nor
-		// the queue without a leader: it fails the whole transaction.
+		// A panicking write fails the transaction rather than leave the
+		// others waiting and the queue without a leader.
 		defer func() {
 			if p := recover(); p != nil {
 				err = fmt.Errorf("a write in the transaction panicked: %v", p)

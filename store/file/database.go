@@ -12,14 +12,12 @@ import (
 )
 
 const (
-	// lockTimeout bounds the wait for bbolt's exclusive lock on the file.
-	// Within this process the database is shared, so the lock is only ever
-	// held by another process, which will not let go soon: fail quickly.
+	// lockTimeout bounds the wait for bbolt's lock on the file, which only
+	// another process holds, and will not let go soon.
 	lockTimeout = time.Second
 
-	// sweepBatch bounds the deletions of one write transaction, and
-	// sweepScan the records it reads, so that the sweeper never holds the
-	// single writer lock long enough to delay a request.
+	// sweepBatch and sweepScan bound the deletions and reads of one write
+	// transaction, so that the sweeper never holds the writer lock long.
 	sweepBatch = 1000
 	sweepScan  = 10 * sweepBatch
 )
@@ -27,8 +25,8 @@ const (
 // sweepInterval is a variable for tests; each database reads it once.
 var sweepInterval = time.Minute
 
-// database is one open file, the claims in flight on it, and its sweeper,
-// shared by every config that uses it.
+// database is one open file, its claims and its sweeper, shared by every
+// config that uses it.
 type database struct {
 	*bolt.DB
 	claims   *claims
@@ -62,8 +60,8 @@ func openDatabase(path string, logger *zap.Logger) (*database, error) {
 	return d, nil
 }
 
-// Destruct stops the sweeper and closes the file when the last config
-// using it is gone. bbolt's Close waits for running transactions.
+// Destruct stops the sweeper and closes the file. bbolt's Close waits for
+// running transactions.
 func (d *database) Destruct() error {
 	d.claims.close()
 	d.stop()
@@ -71,9 +69,8 @@ func (d *database) Destruct() error {
 	return d.Close()
 }
 
-// run deletes expired records and claims every interval until Destruct.
-// They are already treated as absent; sweeping only bounds the file's size
-// and the memory that claims hold.
+// run deletes expired records and claims every interval until Destruct,
+// only to bound the file and memory: they are already treated as absent.
 func (d *database) run(ctx context.Context) {
 	defer close(d.done)
 	tick := time.NewTicker(d.interval)
@@ -92,9 +89,8 @@ func (d *database) run(ctx context.Context) {
 	}
 }
 
-// sweep deletes expired records, batch at most per transaction, until it
-// has been through the whole file or ctx is done. afterBatch, if set, runs
-// after each transaction (tests count them).
+// sweep deletes expired records, batch at most per transaction, through
+// the file. afterBatch, if set, runs after each transaction (for tests).
 func (d *database) sweep(ctx context.Context, batch int, afterBatch func()) (deleted int, err error) {
 	var from []byte
 	for ctx.Err() == nil {

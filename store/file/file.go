@@ -1,11 +1,8 @@
 // Package file is the on-disk idempotency store: a bbolt database in one
 // file, for a single Caddy instance that must keep its records across
-// restarts and crashes without running a database server. A completion is
-// one bbolt transaction, synced to disk before it returns, so a completed
-// record survives a kill of the process. Claims are kept in memory: the
-// file is locked by one process, which alone claims its keys, and a claim
-// lost in a crash only lets the retry run at once rather than after the
-// lease, which the guarantees allow.
+// restarts and crashes. A completion is one bbolt transaction, synced
+// before it returns. Claims are kept in memory (claims.go): the file's lock
+// gives one process its keys.
 package file
 
 import (
@@ -44,7 +41,6 @@ type Store struct {
 	// Caddy's data directory.
 	Path string `json:"path,omitempty"`
 
-	dir     string // absolute, resolved at provisioning
 	poolKey string
 	name    string // in the store registry
 	db      *database
@@ -58,14 +54,13 @@ func (Store) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// databases keeps each open file across config reloads. Caddy provisions
-// the new config before it cleans up the old one, and bbolt's lock would
-// make the new config wait for a file that the old one holds open.
+// databases keeps each open file across config reloads: Caddy provisions
+// the new config before it cleans up the old, and bbolt's lock would make
+// the new one wait for the file.
 var databases = caddy.NewUsagePool()
 
 // Provision resolves the path and opens the database, or attaches to the
-// copy that an earlier config opened. It fails if another process holds
-// the file.
+// one an earlier config opened.
 func (s *Store) Provision(ctx caddy.Context) error {
 	dir := caddy.NewReplacer().ReplaceKnown(s.Path, "")
 	if dir == "" {
@@ -82,7 +77,6 @@ func (s *Store) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return fmt.Errorf("resolving path: %w", err)
 	}
-	s.dir = dir
 	s.poolKey = "file:" + filepath.Join(dir, fileName)
 	val, _, err := databases.LoadOrNew(s.poolKey, func() (caddy.Destructor, error) {
 		return openDatabase(filepath.Join(dir, fileName), ctx.Logger())
@@ -107,9 +101,8 @@ func (s *Store) Validate() error {
 }
 
 // Cleanup gives the database back; the last user closes the file once the
-// requests that hold this store are done (store.Holds). It is safe to
-// call more than once. The store keeps its handle, so calls made
-// after the file is closed fail with store.ErrUnavailable.
+// requests that hold this store are done (store.Holds), after which calls
+// fail with store.ErrUnavailable. It is safe to call more than once.
 func (s *Store) Cleanup() error {
 	if s == nil {
 		return nil

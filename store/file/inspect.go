@@ -9,13 +9,12 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
-// defaultName names the directory of the database file, which alone
-// decides what records a store sees, as an absolute path without symbolic
-// links, as in "file /var/lib/caddy/idempotency".
+// defaultName names the directory of the database file, resolved, as in
+// "file /var/lib/caddy/idempotency".
 func defaultName(dir string) string { return "file " + dir }
 
 // Lookup returns key's claim from memory, or else its live record from the
-// file, read in a read-only transaction, and its expiry.
+// file, and its expiry.
 func (s *Store) Lookup(ctx context.Context, key store.Key) (*store.Record, time.Time, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, time.Time{}, store.Unavailable("looking up", err)
@@ -42,9 +41,8 @@ func (s *Store) Lookup(ctx context.Context, key store.Key) (*store.Record, time.
 }
 
 // Delete removes key's claim and its record in the file, whoever owns
-// them, expired or not, and reports whether either was live. The file is
-// written after the claim is gone, so that a completion committed
-// meanwhile by the claim's owner is deleted too.
+// them, and reports whether either was live. The file is written after the
+// claim is gone, so that a completion committed meanwhile goes too.
 func (s *Store) Delete(ctx context.Context, key store.Key) (bool, error) {
 	if err := ctx.Err(); err != nil {
 		return false, store.Unavailable("deleting", err)

@@ -20,14 +20,8 @@ func (d *database) onDisk(key store.Key) (rec *store.Record, err error) {
 	return rec, err
 }
 
-// Acquire claims key for c unless a live record exists: a completed record
-// in the file, or a claim in memory. The claim itself is made in memory
-// and costs no sync.
-//
-// An owner commits its completion before it drops its claim, and counts it
-// as it does (claims.settle), so the claim is made only if no completion of
-// the key's shard was counted since before the file was read: one that
-// was is in the file, and the file is read again.
+// Acquire claims key for c, in memory, unless a live record exists in the
+// file or in memory. The file is read again if a completion raced (claims).
 func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (store.Acquired, error) {
 	for {
 		if err := ctx.Err(); err != nil {
@@ -59,9 +53,8 @@ func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (sto
 	}
 }
 
-// Complete writes resp, kept for ttl under c's binding, to the file if c
-// still holds the key, then drops the claim. Concurrent completions share
-// one commit (group commit).
+// Complete writes resp, kept for ttl, to the file if c still holds the
+// key, then drops the claim. Concurrent completions share one commit.
 func (s *Store) Complete(ctx context.Context, key store.Key, c *store.Claim, resp *store.Response, ttl time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		return store.Unavailable("completing", err)
@@ -73,9 +66,8 @@ func (s *Store) Complete(ctx context.Context, key store.Key, c *store.Claim, res
 		if pinned, err = s.db.claims.pin(key, c.Token, t); err != nil {
 			return err
 		}
-		// Encoded here rather than before the transaction: the expiry is
-		// taken with the owner check, so that the wait for the writer
-		// lock does not shorten the TTL.
+		// Encoded here, so that the wait for the writer lock does not
+		// shorten the TTL.
 		return tx.Bucket(records).Put(key[:], store.AppendCompleted(nil, c, resp, t.Add(ttl)))
 	})
 	if pinned != nil {
@@ -84,7 +76,7 @@ func (s *Store) Complete(ctx context.Context, key store.Key, c *store.Claim, res
 	return unlessNotOwner("completing", err)
 }
 
-// Release deletes the claim held by token. It writes nothing to the file.
+// Release deletes the claim held by token, in memory only.
 func (s *Store) Release(ctx context.Context, key store.Key, token store.Token) error {
 	if err := ctx.Err(); err != nil {
 		return store.Unavailable("releasing", err)
@@ -92,8 +84,7 @@ func (s *Store) Release(ctx context.Context, key store.Key, token store.Token) e
 	return unlessNotOwner("releasing", s.db.claims.release(key, token, now()))
 }
 
-// Renew sets the lease of the claim held by token to lease from now. It
-// writes nothing to the file.
+// Renew sets the lease of the claim held by token, in memory only.
 func (s *Store) Renew(ctx context.Context, key store.Key, token store.Token, lease time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		return store.Unavailable("renewing", err)
@@ -101,8 +92,8 @@ func (s *Store) Renew(ctx context.Context, key store.Key, token store.Token, lea
 	return unlessNotOwner("renewing", s.db.claims.renew(key, token, lease, now()))
 }
 
-// unlessNotOwner wraps err, the failure of op, in store.ErrUnavailable,
-// unless it is store.ErrNotOwner.
+// unlessNotOwner wraps err in store.ErrUnavailable unless it is
+// store.ErrNotOwner.
 func unlessNotOwner(op string, err error) error {
 	if err == nil || errors.Is(err, store.ErrNotOwner) {
 		return err

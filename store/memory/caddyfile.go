@@ -21,8 +21,7 @@ func (m *Memory) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "max_entries":
 			m.MaxEntries, err = cfarg.Count(d, opt, true)
 		case "max_bytes":
-			// The table adds sizes to max_bytes' worth of records: keep
-			// the sum far from overflowing.
+			// Keep the table's sums of sizes far from overflowing.
 			m.MaxBytes, err = cfarg.Size(d, opt, 1<<62)
 		case "name":
 			m.Name, err = cfarg.One(d, opt)

@@ -8,9 +8,8 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
-// defaultName names the table with these limits: "memory" for the default
-// ones, else the limits as the Caddyfile would write them, exactly, so that
-// different tables never share a name.
+// defaultName names the table: "memory" for the default limits, else the
+// limits exactly, so that different tables never share a name.
 func defaultName(maxEntries int, maxBytes int64) string {
 	if maxEntries == defaultMaxEntries && maxBytes == defaultMaxBytes {
 		return "memory"
@@ -62,9 +61,7 @@ func (m *Memory) Delete(_ context.Context, key store.Key) (bool, error) {
 	return true, nil
 }
 
-// InFlight scans the table under its lock. In-flight claims are few (at
-// most the requests running), but the scan visits every record, so it
-// holds the lock for about a millisecond per 100,000 records.
+// InFlight scans every record of the table under its lock.
 func (m *Memory) InFlight(_ context.Context, olderThan time.Duration, limit int) ([]store.Entry, error) {
 	if limit <= 0 {
 		return nil, nil
@@ -77,8 +74,7 @@ func (m *Memory) InFlight(_ context.Context, olderThan time.Duration, limit int)
 	return store.SortEntries(out, limit), nil
 }
 
-// claims lists the live claims made by cutoff. Only claims are decoded, to
-// learn their age: the state byte tells the rest apart.
+// claims lists the live claims made by cutoff, decoding only claims.
 func (m *Memory) claims(n, cutoff time.Time) ([]store.Entry, error) {
 	t := m.tab
 	t.Lock()

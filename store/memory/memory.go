@@ -1,7 +1,6 @@
-// Package memory is the embedded idempotency store: a bounded map inside the
-// Caddy process. It needs nothing to run, but it is not shared between
-// instances and forgets every key when the process exits. Its table
-// (package table) is also what the shared stores' local tier is built on.
+// Package memory is the embedded idempotency store: a bounded table inside
+// the Caddy process, not shared between instances and forgotten when the
+// process exits.
 package memory
 
 import (
@@ -27,8 +26,7 @@ const (
 // now is replaceable in tests.
 var now = time.Now
 
-// tables keeps the maps alive across config reloads: a reload must not
-// forget the keys of requests that are running or just completed.
+// tables keeps the tables across config reloads, which must not forget keys.
 var tables = caddy.NewUsagePool()
 
 // Memory keeps idempotency records in the Caddy process. When full, the
@@ -64,7 +62,7 @@ func (Memory) CaddyModule() caddy.ModuleInfo {
 }
 
 // Provision sets defaults and attaches to the process-wide table with the
-// same limits, creating it if this is the first config to use it.
+// same limits, creating it if needed.
 func (m *Memory) Provision(ctx caddy.Context) error {
 	if m.MaxEntries == 0 {
 		m.MaxEntries = defaultMaxEntries
@@ -99,9 +97,7 @@ func (m *Memory) Validate() error {
 }
 
 // Cleanup detaches from the table; the last user stops its sweeper once
-// the requests that hold this store are done (store.Holds). The table
-// stays usable: requests of the old config may still be finishing
-// after a reload, and their responses must be stored.
+// the requests that hold this store are done (store.Holds).
 func (m *Memory) Cleanup() error {
 	return store.Detach(m, m.name, tables, &m.poolKey)
 }

@@ -8,8 +8,7 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/store/internal/table"
 )
 
-// Acquire claims k for c unless it has a live record, which it returns
-// decoded once the table's lock is released.
+// Acquire claims k for c unless it has a live record, which it returns.
 func (m *Memory) Acquire(_ context.Context, k store.Key, c *store.Claim) (store.Acquired, error) {
 	found, tookOver, err := m.claim(k, c)
 	if found == nil || err != nil {
@@ -20,7 +19,7 @@ func (m *Memory) Acquire(_ context.Context, k store.Key, c *store.Claim) (store.
 }
 
 // claim records c's claim unless k has a live record, whose blob it returns
-// for the caller to decode once the lock is released.
+// to be decoded outside the lock.
 func (m *Memory) claim(k store.Key, c *store.Claim) (found store.Encoded, tookOver bool, err error) {
 	blob := store.AppendClaim(nil, c) // outside the lock: it needs nothing from it
 	t := m.tab
@@ -28,8 +27,7 @@ func (m *Memory) claim(k store.Key, c *store.Claim) (found store.Encoded, tookOv
 	defer t.Unlock()
 	n := now()
 	nano := n.UnixNano()
-	// An expired claim still here (the sweeper has not dropped it yet) is a
-	// dead owner's: claiming the key now takes it over.
+	// An expired claim still here is a dead owner's: this takes it over.
 	if e := t.Lookup(k); e != nil {
 		if nano < e.Expires {
 			return e.Blob, false, nil
@@ -46,9 +44,8 @@ func (m *Memory) claim(k store.Key, c *store.Claim) (found store.Encoded, tookOv
 
 // Complete replaces the claim c with resp, kept for ttl.
 func (m *Memory) Complete(_ context.Context, k store.Key, c *store.Claim, resp *store.Response, ttl time.Duration) error {
-	// Encoded before taking the lock: the claim carries the binding.
 	expires := now().Add(ttl)
-	blob := store.AppendCompleted(nil, c, resp, expires)
+	blob := store.AppendCompleted(nil, c, resp, expires) // outside the lock: c has the binding
 	t := m.tab
 	t.Lock()
 	defer t.Unlock()
@@ -86,8 +83,7 @@ func (m *Memory) Renew(_ context.Context, k store.Key, tok store.Token, lease ti
 	return nil
 }
 
-// owned returns k's in-progress entry if tok holds it. The table must be
-// locked.
+// owned returns k's entry if tok holds its claim. The table is locked.
 func (m *Memory) owned(k store.Key, tok store.Token, n int64) (*table.Entry, error) {
 	e := m.tab.Live(k, n)
 	if e == nil || !e.Blob.ClaimedBy(tok) {

@@ -15,8 +15,7 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
-// The reaper deletes expired rows only to bound the table's size: reads and
-// claims already treat them as absent.
+// The reaper deletes expired rows only to bound the table's size.
 const (
 	reapBatch   = 1000
 	reapTimeout = 30 * time.Second
@@ -25,12 +24,10 @@ const (
 // reapInterval is a variable for tests; each database reads it once.
 var reapInterval = time.Minute
 
-// errReaperBusy means another store, in this process or another, holds the
-// reaper lock of the table.
+// errReaperBusy means another store, in any process, is reaping the table.
 var errReaperBusy = errors.New("another instance is reaping")
 
-// database is the pool, statements, reaper and listener of one table,
-// shared through the databases pool by every config that uses it.
+// database is the pool, statements, reaper and listener of one table.
 type database struct {
 	pool      *pgxpool.Pool
 	q         queries
@@ -44,11 +41,11 @@ type database struct {
 	logger    *zap.Logger
 
 	// ready is set once the table is known to exist (or create_table is
-	// off); until then every call first tries to create it.
+	// off); until then every call tries to create it.
 	ready  atomic.Bool
 	warned atomic.Bool
-	// ensuring lets one caller at a time run the DDL; a channel rather than
-	// a mutex so that waiting respects the caller's context.
+	// ensuring lets one caller at a time run the DDL; a channel, so that
+	// waiting respects the caller's context.
 	ensuring chan struct{}
 
 	stop context.CancelFunc
@@ -56,8 +53,7 @@ type database struct {
 }
 
 // newDatabase creates the pool, which connects lazily, and starts the
-// reaper; neither fails when PostgreSQL is down. Its listener starts when
-// first needed; its losses count in losses.
+// reaper; neither fails when PostgreSQL is down.
 func newDatabase(cfg *pgxpool.Config, schema, table string, create bool, losses *prometheus.CounterVec, logger *zap.Logger) (*database, error) {
 	// Copied before the pool may change it.
 	listenCfg := cfg.ConnConfig.Copy()
@@ -88,8 +84,7 @@ func newDatabase(cfg *pgxpool.Config, schema, table string, create bool, losses 
 	return db, nil
 }
 
-// Destruct stops the listener and the reaper and closes the pool when the
-// last config using the table is gone.
+// Destruct stops the listener and the reaper and closes the pool.
 func (db *database) Destruct() error {
 	db.events.close()
 	db.stop()
@@ -100,15 +95,14 @@ func (db *database) Destruct() error {
 }
 
 // lockID names an advisory lock after the table, so that the stores of
-// different tables in one database never wait for each other.
+// different tables never wait for each other.
 func lockID(purpose, qualified string) int64 {
 	h := fnv.New64a()
 	h.Write([]byte("caddy-idempotency/" + purpose + "/" + qualified))
 	return int64(h.Sum64())
 }
 
-// ensure creates the table if create_table is on and that has not been
-// done yet. Once it succeeds it costs nothing.
+// ensure creates the table unless it is ready; then it costs nothing.
 func (db *database) ensure(ctx context.Context) error {
 	if db.ready.Load() {
 		return nil
@@ -122,15 +116,14 @@ func (db *database) ensure(ctx context.Context) error {
 	if db.ready.Load() {
 		return nil
 	}
-	// A table that exists needs no DDL. Checking first lets a role without
-	// CREATE privilege use a table that migrations made, and spares a
-	// schema lock when many instances start together.
+	// Checking first lets a role without CREATE privilege use a table that
+	// migrations made, and spares a schema lock when many instances start.
 	var exists bool
 	err := db.pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", db.qualified).Scan(&exists)
 	if err == nil && !exists {
-		// Several simple statements in one message run as one transaction,
-		// so the advisory lock serializes instances that start at once:
-		// concurrent CREATE ... IF NOT EXISTS can otherwise still collide.
+		// Simple statements in one message run as one transaction, so the
+		// advisory lock serializes instances: concurrent CREATE ... IF NOT
+		// EXISTS can still collide.
 		_, err = db.pool.Exec(ctx, db.ddl)
 	}
 	if err != nil {
@@ -147,7 +140,7 @@ func (db *database) ensure(ctx context.Context) error {
 	return nil
 }
 
-// run creates the table as soon as the database answers, then reaps
+// run creates the table as soon as the database answers, and reaps
 // expired rows every interval until Destruct.
 func (db *database) run(ctx context.Context) {
 	defer close(db.done)
@@ -179,12 +172,10 @@ func (db *database) run(ctx context.Context) {
 	}
 }
 
-// reap deletes expired rows, batch rows per statement so that no statement
-// holds many row locks or runs long, until none is left. Only one reaper
-// per table runs at a time, across every process: it holds a session
-// advisory lock on a dedicated connection for the whole run, and returns
-// errReaperBusy if another has it. afterBatch, if set, runs after each
-// batch (tests use it to hold a run open).
+// reap deletes expired rows, batch per statement so that none holds many
+// row locks or runs long. A session advisory lock makes it the one reaper
+// of the table across processes, or errReaperBusy. afterBatch, if set,
+// runs after each batch (for tests).
 func (db *database) reap(ctx context.Context, batch int, afterBatch func()) (deleted int64, err error) {
 	conn, err := db.pool.Acquire(ctx)
 	if err != nil {
@@ -193,8 +184,7 @@ func (db *database) reap(ctx context.Context, batch int, afterBatch func()) (del
 	var locked bool
 	err = conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", db.reapLock).Scan(&locked)
 	if err != nil {
-		// The lock may or may not be held: drop the session so that the
-		// server releases whatever it holds.
+		// The lock may be held: drop the session, which releases it.
 		closeConn(conn)
 		return 0, store.Unavailable("reaping", err)
 	}
@@ -226,8 +216,8 @@ func (db *database) reap(ctx context.Context, batch int, afterBatch func()) (del
 	}
 }
 
-// closeConn closes a pooled connection instead of returning it, so that
-// the server ends its session and drops its advisory locks.
+// closeConn closes a pooled connection, ending its session and so its
+// advisory locks.
 func closeConn(conn *pgxpool.Conn) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()

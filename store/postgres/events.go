@@ -12,27 +12,20 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
-// The instances that share a table hear from each other on one channel
-// named after the table (channelName), which every statement that ends a
-// watched claim or purges a record notifies (sql.go), with the events of
-// store.AppendEvent as payloads, and which one connection per pool
-// listens to (listener.go).
+// The statements that end a watched claim or purge a record (sql.go)
+// notify the table's channel with store.AppendEvent payloads; one
+// connection per pool listens (listener.go).
 
-// channelSuffix makes the channel's name tell what it carries.
 const channelSuffix = ":events"
 
-// channelName is the channel of the table: "<table>:events", at most
-// maxIdentifier bytes, as PostgreSQL truncates longer names in LISTEN and
-// refuses them in pg_notify; a longer name keeps its head and ends in a
-// hash of the whole. The schema is left out on purpose: instances that
-// name one table differently (with its schema, or through their
-// search_path) must hear each other, or a tier would miss purges. Tables
-// of one name in two schemas of a database share a channel: each wakes the
-// other's waiters, which read their record again, and evicts records from
-// the other's tiers, which read them again; nothing worse.
+// channelName is the table's channel, "<table>:events", at most
+// maxIdentifier bytes (LISTEN truncates longer names, pg_notify refuses
+// them): a longer name ends in a hash of the whole. The schema is left
+// out, so that instances that name one table differently hear each other;
+// same-named tables in two schemas share a channel, at the cost of
+// needless wake-ups and evictions.
 func channelName(table string) string {
-	// PostgreSQL names cannot hold a NUL, which pgx drops from
-	// identifiers: drop it from both spellings of the channel alike.
+	// pgx drops NUL from identifiers: drop it from both spellings alike.
 	name := strings.ReplaceAll(table+channelSuffix, "\x00", "")
 	if len(name) <= maxIdentifier {
 		return name
@@ -48,7 +41,7 @@ func channelName(table string) string {
 }
 
 // quoteLiteral quotes s as an SQL string literal, whatever the server's
-// standard_conforming_strings: a backslash makes it an escape string.
+// standard_conforming_strings.
 func quoteLiteral(s string) string {
 	q := "'" + strings.ReplaceAll(s, "'", "''") + "'"
 	if strings.Contains(s, `\`) {
@@ -63,8 +56,7 @@ func listenStatement(channel string) string {
 }
 
 // Notify implements store.Notifier: it marks key's claim watched, so that
-// whichever instance completes or releases it notifies the table's
-// channel, and this instance's listener wakes the waiters here.
+// whichever instance ends it notifies the table's channel.
 func (s *Store) Notify(ctx context.Context, key store.Key) (bool, error) {
 	if !s.db.events.listening() {
 		return false, store.ErrNotListening

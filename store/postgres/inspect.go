@@ -12,14 +12,13 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
-// defaultName names the table a store uses: the server, the database, the
-// schema and the table, never the user or the password, as in
+// defaultName names the table: server, database, schema and table, never
+// the user or password, as in
 // "postgres 127.0.0.1:5432/app public.idempotency_keys".
 func defaultName(cfg *pgxpool.Config, schema, table string) string {
 	name := table
 	if schema == "" {
-		// The table is the first of the search_path's that has it; a DSN
-		// that sets search_path may mean another table of the same name.
+		// A DSN that sets search_path may mean another table of that name.
 		schema = cfg.ConnConfig.RuntimeParams["search_path"]
 	}
 	if schema != "" {
@@ -52,10 +51,8 @@ func (s *Store) Lookup(ctx context.Context, key store.Key) (*store.Record, time.
 	return rec, r.expires, nil
 }
 
-// Delete deletes key's row, whoever owns it, expired or not, and reports
-// whether it was live. The same statement notifies the purge: every
-// instance drops the record from its local tier, and wakes its waiters, if
-// any, to claim the key anew. This instance's tier drops it at once.
+// Delete deletes key's row, whoever owns it, and reports whether it was
+// live. The statement notifies the purge; this instance's tier drops it.
 func (s *Store) Delete(ctx context.Context, key store.Key) (bool, error) {
 	if err := s.db.ensure(ctx); err != nil {
 		return false, err

@@ -14,17 +14,11 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/store/tier"
 )
 
-// listener LISTENs to the table's channel on one connection of its own,
-// outside the pool, for every store and config that share the pool: it
-// wakes the waiters of this process when a claim they wait for ends on
-// any instance, and keeps the local tiers coherent with purges.
-//
-// It starts when it is first needed: when a store with a local_cache
-// joins, or when a duplicate first waits. A connection that fails (a
-// receive error, an unanswered ping) is a lost subscription: the tiers are
-// suspended until a new connection has LISTENed again, which is tried
-// with backoff (store.KeepSubscribed), and the loss is counted against
-// every store served.
+// listener LISTENs to the table's channel on a connection of its own: it
+// wakes this process's waiters and evicts purged records from the tiers.
+// It starts when first needed (a local_cache, a waiting duplicate). A
+// failed connection is a lost subscription: the tiers are suspended until
+// a new connection has LISTENed again.
 type listener struct {
 	cfg    *pgx.ConnConfig
 	listen string // the LISTEN statement
@@ -32,8 +26,7 @@ type listener struct {
 	losses *store.LossCounter
 	logger *zap.Logger
 
-	// ctx ends the session under way when the listener closes.
-	ctx    context.Context
+	ctx    context.Context // ends the session under way when the listener closes
 	cancel context.CancelFunc
 
 	mu      sync.Mutex
@@ -57,9 +50,8 @@ func newListener(cfg *pgx.ConnConfig, channel string, losses *prometheus.Counter
 	}
 }
 
-// join adds the store storeName, and returns the local tier of cacheSize
-// bytes it is to use (nil for none), starting the listener that keeps
-// the tier coherent.
+// join adds the store storeName, and returns its local tier of cacheSize
+// bytes (nil for none), starting the listener for a tier.
 func (l *listener) join(cacheSize int64, storeName string) *tier.Cache {
 	l.losses.Add(storeName)
 	c := l.tiers.Join(cacheSize)
@@ -114,8 +106,7 @@ func (l *listener) run() {
 }
 
 // session connects, LISTENs and delivers what it receives until the
-// connection fails or the listener closes. It reports whether it was
-// live.
+// connection fails or the listener closes. wasLive is whether it LISTENed.
 func (l *listener) session() (wasLive bool, err error) {
 	ctx := l.ctx
 	conn, err := pgx.ConnectConfig(ctx, l.cfg)
@@ -133,9 +124,8 @@ func (l *listener) session() (wasLive bool, err error) {
 	if err != nil {
 		return false, err
 	}
-	// LISTEN has committed: every notification from now on reaches this
-	// connection, so a tier that takes records from now on hears of their
-	// purges.
+	// LISTEN has committed: a tier that takes records from now on hears of
+	// their purges.
 	l.tiers.Resume()
 	for {
 		waitCtx, cancel := context.WithTimeout(ctx, store.PingAfter)
@@ -150,8 +140,7 @@ func (l *listener) session() (wasLive bool, err error) {
 		case !pgconn.Timeout(err):
 			return true, err
 		}
-		// Silent for a while: a connection that died without a word (a
-		// partition) fails the ping.
+		// Silent: a connection that died without a word fails the ping.
 		pingCtx, cancel := context.WithTimeout(ctx, store.PingAfter)
 		err = conn.Ping(pingCtx)
 		cancel()
@@ -161,8 +150,8 @@ func (l *listener) session() (wasLive bool, err error) {
 	}
 }
 
-// deliver acts on one event: it evicts a purged record from the tiers,
-// then wakes the key's waiters in this process.
+// deliver evicts a purged record from the tiers, then wakes the key's
+// waiters.
 func (l *listener) deliver(payload string) {
 	kind, key, ok := store.ParseEvent(payload)
 	if !ok {
@@ -174,9 +163,8 @@ func (l *listener) deliver(payload string) {
 	store.SignalEnd(key)
 }
 
-// lost ends a session: the tiers are suspended until the next session
-// LISTENs. A session that was live counts as a lost subscription; lost
-// reports whether it was.
+// lost ends a session, suspending the tiers until the next one LISTENs,
+// and reports whether it was live: then it counts as a lost subscription.
 func (l *listener) lost(err error, wasLive bool) bool {
 	l.tiers.Suspend()
 	l.mu.Lock()

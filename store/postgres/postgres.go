@@ -1,13 +1,7 @@
-// Package postgres is the PostgreSQL backend of the idempotency handler. The
-// primary key of one table makes "first writer wins" atomic: Acquire is a
-// single INSERT ... ON CONFLICT that claims the key or finds its live record,
-// and the calls that must check the owner token are single statements that
-// match the token in their WHERE clause. Leases and TTLs run by the
-// database's clock, so Caddy instances with skewed clocks agree on them.
-// Instances that share a table hear from each other over LISTEN/NOTIFY on
-// one connection per pool (listener.go): waiting duplicates are woken when
-// a claim ends elsewhere, and purges reach the local tier (local_cache),
-// which replays completed records without a statement.
+// Package postgres is the PostgreSQL backend of the idempotency handler.
+// The primary key of one table makes "first writer wins" atomic, and every
+// owner-checked call is one statement. Leases and TTLs run by the
+// database's clock, so instances with skewed clocks agree on them.
 package postgres
 
 import (
@@ -38,9 +32,8 @@ func init() {
 
 const (
 	defaultTable = "idempotency_keys"
-	// defaultConnectTimeout bounds opening a connection when the DSN sets no
-	// connect_timeout, so that an unreachable host costs a request little
-	// time even if its context has no deadline.
+	// defaultConnectTimeout bounds opening a connection when the DSN sets
+	// no connect_timeout, even for a request context without a deadline.
 	defaultConnectTimeout = 2 * time.Second
 	// maxIdentifier is PostgreSQL's NAMEDATALEN-1: longer names would be
 	// silently truncated, and two tables could end up sharing one.
@@ -123,15 +116,13 @@ func (Store) CaddyModule() caddy.ModuleInfo {
 // the server's.
 var synchronousCommitLevels = []string{"", "on", "off", "local", "remote_write", "remote_apply"}
 
-// databases lets every configuration that asks for the same table share one
-// connection pool and one reaper, so a config reload neither drops nor
-// doubles connections.
+// databases lets every config that asks for the same table share one pool
+// and reaper, so a reload neither drops nor doubles connections.
 var databases = caddy.NewUsagePool()
 
 // Provision resolves placeholders, applies defaults and gets a connection
-// pool. It does not contact PostgreSQL: Caddy must start while the database
-// is down, and requests follow on_store_error until it answers. The table
-// is created at the first use of the database instead.
+// pool. It does not contact PostgreSQL, so that Caddy starts while it is
+// down.
 func (s *Store) Provision(ctx caddy.Context) error {
 	s.logger = ctx.Logger()
 	repl := caddy.NewReplacer()
@@ -152,8 +143,7 @@ func (s *Store) Provision(ctx caddy.Context) error {
 		cfg.MaxConns = int32(s.MaxConns)
 	}
 	if s.SynchronousCommit != "" {
-		// A startup parameter: every connection of the pool runs under it,
-		// at no cost per statement.
+		// A startup parameter: no cost per statement.
 		cfg.ConnConfig.RuntimeParams["synchronous_commit"] = s.SynchronousCommit
 	}
 	create := s.CreateTable == nil || *s.CreateTable
@@ -186,8 +176,7 @@ func (s *Store) databaseKey(create bool) string {
 	return "postgres:" + hex.EncodeToString(sum[:])
 }
 
-// Validate checks the provisioned configuration without contacting
-// PostgreSQL.
+// Validate checks the provisioned configuration.
 func (s *Store) Validate() error {
 	switch {
 	case s.table == "":
@@ -208,16 +197,13 @@ func (s *Store) Validate() error {
 	return nil
 }
 
-// Cleanup gives the pool back, closing it and stopping its reaper with its
-// last user once the requests that hold this store are done
-// (store.Holds). It is safe to call more than once.
+// Cleanup gives the pool back; its last user closes it once the requests
+// that hold this store are done (store.Holds). It is safe to call more
+// than once.
 func (s *Store) Cleanup() error {
 	if s == nil {
 		return nil
 	}
-	// The pool stays while requests of the old config may still be
-	// finishing after a reload; so does the tier, which the last store to
-	// leave it suspends.
 	if s.poolKey != "" {
 		s.db.events.leave(s.LocalCache, s.name)
 	}
@@ -241,7 +227,7 @@ func (s Store) GoString() string { return s.String() }
 var keywordPassword = regexp.MustCompile(`(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)`)
 
 // redactDSN hides the password of a URL or keyword=value DSN. Placeholders
-// are left alone: they are not secrets until resolved.
+// are not secrets until resolved.
 func redactDSN(dsn string) string {
 	scheme, rest, isURL := strings.Cut(dsn, "://")
 	if !isURL {
@@ -249,8 +235,7 @@ func redactDSN(dsn string) string {
 	}
 	u, err := url.Parse(dsn)
 	if err != nil {
-		// Too odd to parse, perhaps for a character in the password: hide
-		// everything before the host.
+		// Perhaps a character in the password: hide all before the host.
 		if i := strings.LastIndexByte(rest, '@'); i >= 0 {
 			return scheme + "://xxxxx" + rest[i:]
 		}

@@ -14,24 +14,19 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
-// acquireAttempts bounds the reruns of the Acquire statement. A rerun
-// happens only when the key changed between the statement's snapshot and
-// its insert, which a second run sees; more is contention beyond reason.
+// acquireAttempts bounds the reruns of the Acquire statement, needed when
+// the key changed between the statement's snapshot and its insert.
 const acquireAttempts = 5
 
 // A completed record's ExpiresAt, until which the local tier keeps it, is
-// by this instance's clock, without ever comparing the database's
-// timestamps with it: a record completed here expires ttl after the
-// completion's statement was sent, one read from the database its time to
-// live, which the database computed from its own clock, after the reading
-// statement was sent. Both statements started later on the database, so
-// the record expires here no later than there (earlier by the time the
-// statement took to start there), however far apart the two clocks are.
+// by this instance's clock, never compared with the database's: the ttl
+// (or the time to live the database computed) is added to when the
+// statement was sent, before it started there, so the record expires here
+// no later than there, however far apart the clocks are.
 
 // Acquire claims key for c, or returns its live record, in one statement;
-// a second takes over an expired row. With a local tier, a completed
-// record found there is answered without a statement, and one that the
-// statement returns is kept there.
+// a second takes over an expired row. The local tier serves and keeps
+// completed records.
 func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (store.Acquired, error) {
 	var version uint64
 	if s.tier != nil {
@@ -78,20 +73,17 @@ func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (sto
 			return store.Acquired{}, err
 		}
 		if won {
-			// A dead owner's claim was taken over if the row that the
-			// snapshot held was in progress. Only a takeover or a
-			// deletion changes an expired row, and either makes this
-			// update fail unless the row that replaced it has expired
-			// in turn; the flag then describes the older row, and the
-			// claim is as atomic as ever.
+			// A claim was taken over if the snapshot's row was in
+			// progress. A row that replaced it since would have made the
+			// update fail unless expired in turn: the claim is atomic.
 			return store.Acquired{TookOver: r.rec.State == store.InProgress}, nil
 		}
 	}
 	return store.Acquired{}, s.unavailable("acquiring", errors.New("the key changed under every attempt"))
 }
 
-// takeOver replaces the key's expired row with c's claim. It reports false
-// when the row is no longer expired or is gone: Acquire then looks again.
+// takeOver replaces the key's expired row with c's claim, or reports false
+// when the row is no longer expired or is gone.
 func (s *Store) takeOver(ctx context.Context, key store.Key, c *store.Claim) (bool, error) {
 	tag, err := s.db.pool.Exec(ctx, s.db.q.takeover, key[:], c.Token[:], bytesOf(c.Endpoint), c.Fingerprint[:], micros(c.Lease), c.CreatedAt)
 	if err != nil {
@@ -100,8 +92,7 @@ func (s *Store) takeOver(ctx context.Context, key store.Key, c *store.Claim) (bo
 	return tag.RowsAffected() > 0, nil
 }
 
-// Complete replaces the claim c with resp, kept for ttl. The row's
-// endpoint, fingerprint and creation time, which are c's, stay.
+// Complete replaces the claim c with resp, kept for ttl.
 func (s *Store) Complete(ctx context.Context, key store.Key, c *store.Claim, resp *store.Response, ttl time.Duration) error {
 	var headers []byte // NULL without headers
 	if len(resp.Header) > 0 {
@@ -127,9 +118,7 @@ func (s *Store) Complete(ctx context.Context, key store.Key, c *store.Claim, res
 // them into its own buffer before Exec returns.
 var headerBuffers = sync.Pool{New: func() any { return new([]byte) }}
 
-// maxHeaderBuffer keeps an unusually large header block from staying
-// pooled.
-const maxHeaderBuffer = 16 << 10
+const maxHeaderBuffer = 16 << 10 // larger buffers are not pooled
 
 func putHeaderBuffer(buf *[]byte) {
 	if cap(*buf) <= maxHeaderBuffer {
@@ -147,8 +136,7 @@ func (s *Store) Renew(ctx context.Context, key store.Key, token store.Token, lea
 	return s.exec(ctx, "renewing", s.db.q.renew, key[:], token[:], micros(lease))
 }
 
-// exec runs one of the owner-checked statements: no row means the token
-// does not hold the claim.
+// exec runs an owner-checked statement: no row means ErrNotOwner.
 func (s *Store) exec(ctx context.Context, op, sql string, args ...any) error {
 	ctx = s.db.deadlines.bound(ctx)
 	if err := s.db.ensure(ctx); err != nil {
@@ -164,8 +152,8 @@ func (s *Store) exec(ctx context.Context, op, sql string, args ...any) error {
 	return nil
 }
 
-// unavailable wraps every database error in store.ErrUnavailable, with a
-// hint when the table is missing because create_table is off.
+// unavailable wraps a database error in store.ErrUnavailable, with a hint
+// when the table is missing.
 func (s *Store) unavailable(op string, err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
@@ -175,9 +163,8 @@ func (s *Store) unavailable(op string, err error) error {
 	return store.Unavailable(op, err)
 }
 
-// bytesOf is s as the bytes of a bytea argument, without a copy: pgx only
-// reads an argument, into its own buffer, before the call returns. An
-// empty string is an empty bytea, not NULL.
+// bytesOf is s as a bytea argument, without a copy: pgx only reads it
+// before the call returns. An empty string is an empty bytea, not NULL.
 func bytesOf(s string) []byte {
 	if s == "" {
 		return []byte{}

@@ -11,11 +11,9 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
-// row is what Acquire and Lookup scan a record row into: the columns
-// state, token, endpoint, fingerprint, status, headers, body, truncated,
-// outcome_unknown, sealed, created_at, in that order, go straight into
-// rec. State, token, endpoint, fingerprint and headers are decoded from
-// the driver's buffer, not from copies that pgx would allocate for them.
+// row is what Acquire and Lookup scan a record row into: its columns go
+// straight into rec, most decoded from the driver's buffer rather than
+// from copies pgx would allocate.
 type row struct {
 	rec    store.Record
 	status int32
@@ -26,7 +24,9 @@ type row struct {
 	dest    [13]any
 }
 
-// columns sets dest[at:at+11] to the destinations of the record's columns.
+// columns sets dest[at:at+11] to the destinations of state, token,
+// endpoint, fingerprint, status, headers, body, truncated,
+// outcome_unknown, sealed and created_at.
 func (r *row) columns(at int) {
 	rec := &r.rec
 	copy(r.dest[at:], []any{
@@ -36,8 +36,8 @@ func (r *row) columns(at int) {
 	})
 }
 
-// acquired returns the scan destinations of Acquire's row: whether the
-// claim won and the row's time to live, then the record's columns.
+// acquired returns the scan destinations of Acquire's row: won, ttl, then
+// the record's columns.
 func (r *row) acquired() []any {
 	r.dest[0], r.dest[1] = &r.won, &r.ttl
 	r.columns(2)
@@ -55,23 +55,21 @@ func (r *row) looked() []any {
 	return r.dest[:12]
 }
 
-// record finishes the scanned record, or refuses a row without a state.
+// record finishes the scanned record, refusing a row without a state.
 func (r *row) record() (*store.Record, error) {
 	if r.rec.State == 0 {
 		return nil, errors.New("record without a state")
 	}
-	// A claim has no status: its column may hold watchedStatus.
-	if r.rec.State == store.Completed {
+	if r.rec.State == store.Completed { // a claim's status may be watchedStatus
 		r.rec.Status = int(r.status)
 	}
 	return &r.rec, nil
 }
 
-// The column types below scan from the driver's buffer (pgx calls ScanBytes
-// with memory it reuses); a NULL leaves the field as it was, so that
-// Acquire's row for a won claim can leave the record's columns NULL.
+// The column types below scan from the driver's buffer, which pgx reuses;
+// a NULL leaves the field as it was (Acquire's row for a won claim).
 
-// stateColumn is the state column; only the two states are accepted.
+// stateColumn accepts only the two states.
 type stateColumn store.State
 
 func (s *stateColumn) ScanBytes(b []byte) error {
@@ -106,14 +104,13 @@ func scanFixed(dst, b []byte, what string) error {
 	return nil
 }
 
-// ttlColumn is a row's time to live, expires_at - now(), which PostgreSQL
-// computes from its own clock: negative once the row has expired.
+// ttlColumn is a row's time to live, expires_at - now() by the database's
+// clock: not positive once the row has expired.
 type ttlColumn time.Duration
 
 func (t *ttlColumn) ScanInterval(v pgtype.Interval) error {
 	if v.Valid {
-		// The difference of two timestamps has no months, and days of 24
-		// hours.
+		// A difference of timestamps has no months, and days of 24 hours.
 		*t = ttlColumn(time.Duration(v.Microseconds)*time.Microsecond + time.Duration(v.Days)*24*time.Hour)
 	}
 	return nil
@@ -129,8 +126,7 @@ func (e *endpointColumn) ScanBytes(b []byte) error {
 	return nil
 }
 
-// headersColumn is the bytea headers column, as store.AppendHeader
-// writes it.
+// headersColumn is the headers column, as store.AppendHeader writes it.
 type headersColumn http.Header
 
 func (h *headersColumn) ScanBytes(b []byte) error {

@@ -8,18 +8,12 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
-// DDL returns the statements that create the table and its indexes, for the
-// given schema (empty for the search_path's) and table. The store runs them
-// itself unless create_table is off; they are safe to run again.
+// DDL returns the statements, safe to run again, that create the table and
+// its indexes for schema (empty for the search_path's) and table.
 //
-// state has no CHECK constraint: PostgreSQL reads a CHECK's expression
-// back from its stored form and compiles it on every statement that
-// writes the table, and only the store writes the column.
-//
-// endpoint is bytea, not text: it holds what the client sent, and
-// PostgreSQL's text refuses NUL and invalid UTF-8. headers holds the
-// response's headers as store.AppendHeader encodes them, NULL when there
-// are none.
+// state has no CHECK constraint: PostgreSQL compiles one on every statement
+// that writes the table. endpoint is bytea: text refuses NUL and invalid
+// UTF-8.
 func DDL(schema, table string) string {
 	name := qualify(schema, table)
 	index := pgx.Identifier{table + "_expires_at_idx"}.Sanitize()
@@ -44,7 +38,7 @@ CREATE INDEX IF NOT EXISTS %[3]s ON %[1]s (created_at) WHERE state = 'in_progres
 `, name, index, inFlight)
 }
 
-// qualify quotes the table name, so that it is used exactly as written.
+// qualify quotes the table name, to be used exactly as written.
 func qualify(schema, table string) string {
 	if schema == "" {
 		return pgx.Identifier{table}.Sanitize()
@@ -52,45 +46,38 @@ func qualify(schema, table string) string {
 	return pgx.Identifier{schema, table}.Sanitize()
 }
 
-// queries are the statements of one table. Each store and Inspector
-// method is one of them, one round trip, but for the takeover of an
-// expired row, which Acquire follows with a second; pgx prepares each once
-// per connection.
+// queries are the statements of one table: each store and Inspector call
+// is one round trip, but for the takeover of an expired row. pgx prepares
+// each once per connection.
 type queries struct {
 	acquire, takeover, complete, release, renew, watch, reap string
 	lookup, delete, inFlight                                 string
 }
 
 // The statements of one key find their row through the primary key alone:
-// their state and expiry conditions are written in forms that no index
-// matches (state <> 'completed' says "in progress" of the two states).
-// A condition that the in-flight or expires_at index could serve lets the
-// planner walk that index instead, for the connection's life, and those
-// indexes fill with dead entries under a stream of new keys.
+// their state and expiry conditions are written in forms no index matches
+// (state <> 'completed' is "in progress"). Otherwise the planner may walk
+// the in-flight or expires_at index instead, for the connection's life,
+// and those fill with dead entries under a stream of new keys.
 const (
 	isLive    = `(expires_at > now()) IS TRUE`
 	isExpired = `(expires_at <= now()) IS TRUE`
 )
 
-// owned is the condition under which a token may act on its claim: the
-// same for Complete, Release and Renew, so that a claim whose lease has
-// passed is dead to its old owner even before anyone takes it over.
+// owned is the condition under which a token may act on its claim: a claim
+// whose lease has passed is dead to its owner even before a takeover.
 const owned = `key = $1 AND token = $2 AND state <> 'completed' AND ` + isLive
 
-// Waiting duplicates on other instances are woken over the table's
-// channel (events.go), but only for the claims someone waits for, since
-// PostgreSQL serializes every NOTIFY at commit across the cluster. A waiter
-// marks the in-progress row watched (watch) by setting its status, unused
-// until the completion, to watchedStatus, which no response has; the
-// completion and release then notify in their own statement, only for a
-// watched row (notifyIfWatched). The row's lock orders the mark and the
-// end: either the waiter reads the completion, or the completion sees the
-// mark. A purge always notifies, for the local tiers; a takeover, which
-// sets status to 0, drops the mark with the dead claim.
+// Only ends of claims someone waits for are notified: PostgreSQL
+// serializes every NOTIFY at commit across the cluster. A waiter sets the
+// claim's status, unused until completion, to watchedStatus (watch); the
+// completion and release then notify (notifyIfWatched). The row's lock
+// orders the mark and the end: the waiter reads the completion, or the
+// completion sees the mark. A purge always notifies, for the tiers.
 const watchedStatus = -1
 
-// notifyIfWatched is the condition of the completion and release on
-// channel, a quoted literal.
+// notifyIfWatched is the condition of the completion and release; channel
+// is a quoted literal.
 func notifyIfWatched(channel string) string {
 	return fmt.Sprintf(`CASE WHEN status = %d THEN pg_notify(%s, '%c' || encode(key, 'hex')) IS NOT NULL ELSE true END`,
 		watchedStatus, channel, store.EventEnded)
@@ -104,23 +91,13 @@ func newQueries(table, channel string) queries {
 		// acquire reads the key's row in the statement's snapshot, and
 		// inserts the claim if there is none: the primary key makes the
 		// insert atomic, and ON CONFLICT DO NOTHING neither locks nor
-		// writes. A replay finds its record and writes nothing. A row that
-		// is there but expired comes back with a time to live that is not
-		// positive, for takeover to replace.
+		// writes. An expired row comes back with a ttl that is not
+		// positive, for takeover to replace (an ON CONFLICT DO UPDATE
+		// here would cost every run, replays included).
 		//
 		// Both CTEs see the snapshot of the statement's start, so when a
 		// concurrent claim commits after it, claimed conflicts but old
-		// holds no row: the statement returns no row and Acquire runs it
-		// again.
-		//
-		// A takeover of expired rows in the same statement (ON CONFLICT DO
-		// UPDATE ... WHERE expires_at <= now()) made PostgreSQL build the
-		// update's projection and condition on every run, replays
-		// included, for a path that only keys reused after their TTL and
-		// dead owners' claims take.
-		//
-		// The time to live, by the database's clock, tells whether the row
-		// is live, and when the record returned expires (records.go).
+		// holds no row: no row is returned and Acquire runs it again.
 		acquire: fmt.Sprintf(`WITH old AS (
 	SELECT state, token, endpoint, fingerprint, status, headers, body, truncated, outcome_unknown, sealed,
 		created_at, expires_at - now() AS ttl
@@ -140,9 +117,7 @@ SELECT false, ttl, state, token, endpoint, fingerprint, status, headers, body, t
 
 		// takeover replaces the key's expired row with the claim. The
 		// update locks the row and rechecks expires_at on its newest
-		// version, so two takeovers cannot both win: the second finds the
-		// first's live claim and updates nothing. Its status 0 is an
-		// unwatched claim.
+		// version, so two takeovers cannot both win. Status 0: unwatched.
 		takeover: fmt.Sprintf(`UPDATE %s SET state = 'in_progress', token = $2, endpoint = $3, fingerprint = $4,
 	status = 0, headers = NULL, body = NULL, truncated = false, outcome_unknown = false, sealed = false,
 	created_at = $6, expires_at = now() + $5::bigint * interval '1 microsecond'
@@ -157,14 +132,12 @@ WHERE `+owned+ended, table),
 		renew: fmt.Sprintf(`UPDATE %s SET expires_at = now() + $3::bigint * interval '1 microsecond'
 WHERE `+owned, table),
 
-		// watch marks the key's claim watched if it is in progress, and
-		// updates no row if it is not.
+		// watch marks the key's claim watched if it is in progress.
 		watch: fmt.Sprintf(`UPDATE %s SET status = %d
 WHERE key = $1 AND state <> 'completed' AND `+isLive, table, watchedStatus),
 
 		// A TID scan deletes the batch the index found. The outer recheck
-		// of expires_at matters: a row taken over since the inner SELECT is
-		// a new, live version that must stay.
+		// keeps a row taken over since the inner SELECT.
 		reap: fmt.Sprintf(`DELETE FROM %[1]s
 WHERE ctid = ANY (ARRAY(SELECT ctid FROM %[1]s WHERE expires_at <= now() LIMIT $1))
 AND expires_at <= now()`, table),
@@ -173,15 +146,14 @@ AND expires_at <= now()`, table),
 	created_at, expires_at
 FROM %s WHERE key = $1 AND `+isLive, table),
 
-		// delete notifies whether or not there was a row: a tier may
-		// hold a record whose row is gone, which it must drop all the
-		// same.
+		// delete notifies even without a row: a tier may hold a record
+		// whose row is gone.
 		delete: fmt.Sprintf(`WITH gone AS (DELETE FROM %s WHERE key = $1 RETURNING expires_at > now() AS live)
 SELECT coalesce((SELECT live FROM gone), false), pg_notify(%s, '%c' || encode($1, 'hex')) IS NOT NULL`,
 			table, channel, store.EventPurged),
 
-		// inFlight reads no body or headers. The DDL's partial index on
-		// created_at WHERE state = 'in_progress' serves it.
+		// inFlight reads no body or headers; the partial index on
+		// created_at serves it.
 		inFlight: fmt.Sprintf(`SELECT key, endpoint, created_at, expires_at FROM %s
 WHERE state = 'in_progress' AND expires_at > now() AND created_at <= now() - $1::bigint * interval '1 microsecond'
 ORDER BY created_at, key LIMIT $2`, table),

@@ -9,31 +9,12 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 )
 
-// batcher pipelines store calls automatically. A call that finds nothing
-// on the wire goes at once, alone, as go-redis would send it; calls that
-// arrive while one is on the wire queue up, and when it ends the first of
-// them sends the whole queue as one pipeline: one write, one read, one
-// wake-up of Redis for all of them (a Cluster's pipeline is split per
-// node and follows MOVED and ASK per command, as go-redis does). A queue
-// that fills a batch does not wait: it goes at once, on another
-// connection, so that a slow round trip does not cap what a node is sent.
-// So the calls in flight share their round trips while Caddy is busy, and
-// add nothing when it is idle.
-//
-// Each call keeps its own reply and its own error: Redis answers the
-// commands of a pipeline one by one, and go-redis gives each command its
-// own. A transport error fails the commands it cut off, as it would have
-// failed them one by one.
-//
-// A queued call whose caller leaves is withdrawn, never sent, as a call
-// waiting for a pooled connection would be. Once a batch has taken it,
-// the call waits for the batch even when its caller leaves: the batch may
-// be writing the call's arguments, which the store reuses once the call
-// returns. The wait is bounded by the batch's timeouts, as a lone call
-// is: a call waits at most for one batch before its own.
-//
-// On a Cluster each master has a lane of its own, so that a slow or dead
-// node delays only the calls for its slots.
+// batcher pipelines store calls: one that finds the wire idle goes alone;
+// those arriving meanwhile go as one pipeline when it frees, or at once on
+// another connection once they fill a batch. A queued call whose caller
+// leaves is withdrawn; a batched one waits, as the batch may be writing its
+// arguments, which the store reuses after the call. On a Cluster each
+// master has a lane, so a slow node delays only its slots.
 type batcher struct {
 	client  goredis.UniversalClient
 	cluster *goredis.ClusterClient // nil: one lane for all
@@ -41,8 +22,7 @@ type batcher struct {
 	lanes   sync.Map // *goredis.Client of a master → *lane
 }
 
-// lane is the calls for one node: at most one call or batch on the wire
-// while the queue waits, and one more for every batch that filled up.
+// lane is one node's calls: a call or batch on the wire, plus one per full batch.
 type lane struct {
 	mu     sync.Mutex
 	onWire int // calls or batches being sent and read
@@ -55,9 +35,7 @@ func newBatcher(client goredis.UniversalClient) *batcher {
 	return &batcher{client: client, cluster: cluster}
 }
 
-// lane picks the lane of cmd's master. A command whose master is not
-// known (the slot map is not loaded, or the key not found) takes the
-// shared lane, where go-redis routes it as usual.
+// lane is the lane of cmd's master, or, if unknown, the shared one.
 func (b *batcher) lane(ctx context.Context, cmd goredis.Cmder) *lane {
 	if b.cluster == nil {
 		return &b.single
@@ -77,8 +55,7 @@ func (b *batcher) lane(ctx context.Context, cmd goredis.Cmder) *lane {
 	return l.(*lane)
 }
 
-// commandKey is the key of the store's commands: SET's first argument, a
-// script's first key.
+// commandKey is SET's first argument, or a script's first key.
 func commandKey(cmd goredis.Cmder) (string, bool) {
 	args := cmd.Args()
 	pos := 1
@@ -99,15 +76,8 @@ type queued struct {
 	done chan []*queued // nil: the call's reply is in; a batch: send it
 }
 
-// A batch is written within write_timeout and all its replies read
-// within read_timeout (go-redis sets one deadline for each), so both are
-// bounded. maxBatchBytes bounds what a batch writes, about: a burst of
-// large completions goes out as several batches; a call larger than this
-// goes alone. maxBatchCalls bounds what it reads: a claim's reply can be a
-// whole stored record, so a batch of replays of 1 MiB responses reads up
-// to 16 MiB within read_timeout. In unbounded batches, nearly every one
-// of a burst of concurrent replays of large records times out, even on
-// loopback.
+// go-redis gives a batch one write and one read deadline: maxBatchBytes
+// bounds what it writes, maxBatchCalls what it reads (a reply can be a record).
 const (
 	maxBatchBytes = 256 << 10
 	maxBatchCalls = 16
@@ -151,10 +121,7 @@ func (b *batcher) Process(ctx context.Context, cmd goredis.Cmder) error {
 	l.queue = append(l.queue, q)
 	l.queued += q.size
 	if len(l.queue) >= maxBatchCalls || l.queued >= maxBatchBytes {
-		// A full batch would gain nothing by waiting for the wire: it
-		// goes now, on a wire of its own. Without this, one wire caps
-		// a node at maxBatchCalls calls a round trip, and over a slow
-		// round trip many clients run slower than unpipelined.
+		// Full: waiting would gain nothing, so it goes on a wire of its own.
 		l.onWire++
 		l.sendFirst()
 	}
@@ -191,8 +158,7 @@ func (l *lane) withdraw(q *queued) bool {
 	return true
 }
 
-// handOver gives the wire to the first queued call, with the queue (up to
-// maxBatchCalls and maxBatchBytes) as its batch, or frees it.
+// handOver gives the wire to the first queued call, with a batch, or frees it.
 func (l *lane) handOver() {
 	l.mu.Lock()
 	if len(l.queue) == 0 {
@@ -203,8 +169,7 @@ func (l *lane) handOver() {
 	l.mu.Unlock()
 }
 
-// sendFirst takes the first batch off the queue (up to maxBatchCalls and
-// maxBatchBytes) and gives it to its first call to send. l.mu is held.
+// sendFirst gives the queue's first batch to its first call. l.mu is held.
 func (l *lane) sendFirst() {
 	queue := l.queue
 	n, size := 1, queue[0].size
@@ -217,9 +182,6 @@ func (l *lane) sendFirst() {
 	queue[0].done <- queue[:n] // buffered: never blocks
 }
 
-// send runs batch as one pipeline, wakes its calls and hands the wire on.
-// The sender is one of the calls, so that each goroutine does its own
-// share of the sending.
 func (b *batcher) send(l *lane, batch []*queued) {
 	defer func() {
 		l.handOver()
@@ -236,11 +198,8 @@ func (b *batcher) send(l *lane, batch []*queued) {
 	_, _ = pipe.Exec(ctx)
 }
 
-// batchContext bounds a batch by the latest deadline among its calls, so
-// that none is cut shorter than its own deadline would; with a call that
-// has none, the batch has none either, and only the client's timeouts
-// bound it. Cancellation does not reach the batch: one caller leaving
-// must not fail the calls of others.
+// batchContext bounds a batch by its calls' latest deadline, if all have
+// one; a caller leaving must not cancel the others' calls.
 func batchContext(batch []*queued) (context.Context, context.CancelFunc) {
 	var latest time.Time
 	for _, q := range batch {
@@ -255,9 +214,7 @@ func batchContext(batch []*queued) (context.Context, context.CancelFunc) {
 	return context.WithDeadline(context.WithoutCancel(batch[0].ctx), latest)
 }
 
-// The scripts run through the batcher too: go-redis's Script.Run sends
-// EVALSHA through these, then EVAL when Redis does not know the script.
-
+// Eval and its kin run scripts through the batcher (Script.Run: EVALSHA, then EVAL).
 func (b *batcher) Eval(ctx context.Context, script string, keys []string, args ...any) *goredis.Cmd {
 	return b.eval(ctx, "eval", script, keys, args)
 }
@@ -282,8 +239,7 @@ func (b *batcher) ScriptLoad(ctx context.Context, script string) *goredis.String
 	return b.client.ScriptLoad(ctx, script)
 }
 
-// eval builds the command as go-redis's own Eval does, keys placed where a
-// Cluster looks for the slot.
+// eval builds the command as go-redis's Eval does, the first key marking the slot.
 func (b *batcher) eval(ctx context.Context, name, payload string, keys []string, args []any) *goredis.Cmd {
 	cmdArgs := make([]any, 0, 3+len(keys)+len(args))
 	cmdArgs = append(cmdArgs, name, payload, len(keys))

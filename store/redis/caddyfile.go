@@ -6,28 +6,7 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/internal/cfarg"
 )
 
-// UnmarshalCaddyfile sets up the store from Caddyfile tokens. Syntax:
-//
-//	redis {
-//	    address      <host:port>...
-//	    master_name  <name>
-//	    username     <username>
-//	    password     <password>
-//	    db           <number>
-//	    key_prefix   <prefix>
-//	    tls
-//	    dial_timeout  <duration>
-//	    read_timeout  <duration>
-//	    write_timeout <duration>
-//	    pool_size    <number>
-//	    name         <name>
-//	    local_cache  <size>
-//	    min_replicas <number>
-//	    replica_timeout <duration>
-//	    pipelining   on|off
-//	}
-//
-// address may be repeated; every other option may be given once.
+// UnmarshalCaddyfile sets up the store from a redis block (docs/stores/redis.md).
 func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return cfarg.Block(d, []string{"address"}, func(opt string) (err error) {
 		switch opt {
@@ -67,8 +46,7 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "pipelining":
 			var v string
 			v, err = cfarg.OneOf(d, opt, "on", "off")
-			on := v == "on"
-			s.Pipelining = &on
+			s.Pipelining = new(v == "on")
 		default:
 			err = cfarg.Unrecognized(d, opt)
 		}
@@ -76,5 +54,4 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	})
 }
 
-// Interface guard
 var _ caddyfile.Unmarshaler = (*Store)(nil)

@@ -8,23 +8,11 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
-// The events that instances announce on their prefix's channel are
-// store.AppendEvent's.
-//
-// Announcing the end of every claim would cost Redis a delivery to every
-// instance per new key. So a waiter that finds a claim in progress marks
-// it watched (notifyScript): it sets store.FlagWatched in the claim
-// itself, which keeps the claim's expiry and lives exactly as long as the
-// claim. The completion and release scripts, which read the claim's head
-// anyway, report the flag, and only then is the end announced: a claim
-// nobody waits for costs nothing more. A purge is always announced, for
-// the local tiers.
-
-// notifyScript sets store.FlagWatched in the flags byte of KEYS[1] if it
-// is an in-progress claim (whose head is ARGV[1]), in place, so that its
-// expiry is kept; it answers 1 if the claim was in progress, 0 if not. The
-// check and the flag are one step, so a completion either comes after the
-// flag and sees it, or before the check and is seen by it.
+// Only watched claims' ends are announced, and every purge: announcing every
+// end would cost a delivery to every instance per key. notifyScript marks
+// the in-progress claim KEYS[1] (head ARGV[1]) watched in place, keeping its
+// expiry, and answers 1, or 0 if not in progress: in one step, so that a
+// completion sees the flag or is seen by the check.
 var notifyScript = codecScript(`
 local head = redis.call('GETRANGE', KEYS[1], 0, {flags_offset})
 if string.sub(head, 1, #ARGV[1]) ~= ARGV[1] or #head ~= {flags_offset} + 1 then return 0 end
@@ -37,9 +25,7 @@ return 1
 
 var inProgressHead = string(store.StatePrefix(store.InProgress))
 
-// Notify implements store.Notifier: it marks key's claim watched, so that
-// whichever instance completes or releases it announces the end, and this
-// instance's subscriber wakes the waiters here.
+// Notify marks key's claim watched, so that whoever ends it tells this instance.
 func (s *Store) Notify(ctx context.Context, key store.Key) (bool, error) {
 	if !s.events.listening(s.channel) {
 		return false, store.ErrNotListening
@@ -53,9 +39,8 @@ func (s *Store) Notify(ctx context.Context, key store.Key) (bool, error) {
 	return n == 1, nil
 }
 
-// announce publishes an event about key. A lost announcement of an end
-// costs the waiters elsewhere their fallback poll; the caller decides what
-// a lost purge costs.
+// announce publishes an event about key. A lost end costs the waiters
+// elsewhere their fallback poll; the caller decides what a lost purge costs.
 func (s *Store) announce(ctx context.Context, kind byte, key store.Key) error {
 	var b [1 + 2*len(store.Key{})]byte
 	err := s.events.publish(ctx, s.channel, store.AppendEvent(b[:0], kind, key))

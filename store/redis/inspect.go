@@ -15,20 +15,13 @@ import (
 )
 
 const (
-	// scanCount is the COUNT hint of each SCAN: keys looked at per round
-	// trip, so that a listing never blocks Redis for long.
+	// scanCount is each SCAN's COUNT hint, so a listing never blocks Redis long.
 	scanCount = 1000
-	// peekLen is how much of each scanned value is read. A claim (no
-	// headers, no body) fits unless its endpoint is very long, in which case
-	// the value is read whole; a completed record is never read beyond its
-	// state byte's neighbourhood, whatever its body.
+	// peekLen is how much of a value is read; a longer claim is read whole.
 	peekLen = 1024
 )
 
-// defaultName names the records this store sees, never the credentials:
-// the servers (a single node's address, a Cluster's seeds, a Sentinel
-// master and its Sentinels), the database and the key prefix, as in
-// "redis 127.0.0.1:6379 db 0 prefix idempotency".
+// defaultName names the records by servers, database and prefix, not credentials.
 func (s *Store) defaultName() string {
 	addrs := slices.Clone(s.opts.Addrs)
 	slices.Sort(addrs)
@@ -63,18 +56,15 @@ func (s *Store) Lookup(ctx context.Context, key store.Key) (*store.Record, time.
 	if err != nil {
 		return nil, time.Time{}, store.Unavailable("looking up", err)
 	}
-	rec, err := store.DecodeRecord(val)
+	rec, err := decode(val)
 	if err != nil {
-		return nil, time.Time{}, store.Unavailable("decoding record", err)
+		return nil, time.Time{}, err
 	}
 	return rec, expiry(now(), pttl.Val()), nil
 }
 
-// Delete deletes key, whoever owns it, and announces the purge: every
-// instance drops the record from its local tier, and wakes its waiters,
-// if any, to claim the key anew. If the announcement fails, the record
-// may stay in other instances' tiers until it expires: the error says so,
-// and purging again announces it again.
+// Delete deletes key, whoever owns it, and announces the purge; if that
+// fails, other tiers may keep the record until it expires, as the error says.
 func (s *Store) Delete(ctx context.Context, key store.Key) (bool, error) {
 	n, err := s.client.Del(ctx, s.key(key)).Result()
 	if err != nil {
@@ -89,9 +79,7 @@ func (s *Store) Delete(ctx context.Context, key store.Key) (bool, error) {
 	return n > 0, nil
 }
 
-// InFlight scans the keys of this store's prefix with SCAN, on every master
-// of a Cluster, reading the head of each value and its time to live in one
-// pipeline per batch, and stops once limit claims are found.
+// InFlight SCANs every master for claims, a pipeline of heads and TTLs a batch.
 func (s *Store) InFlight(ctx context.Context, olderThan time.Duration, limit int) ([]store.Entry, error) {
 	if limit <= 0 {
 		return nil, nil
@@ -102,22 +90,21 @@ func (s *Store) InFlight(ctx context.Context, olderThan time.Duration, limit int
 		cutoff:  now().Add(-olderThan),
 		limit:   limit,
 	}
-	var err error
-	if cluster, ok := s.client.(*goredis.ClusterClient); ok {
-		err = cluster.ForEachMaster(ctx, func(ctx context.Context, node *goredis.Client) error {
-			return l.scan(ctx, node)
-		})
-	} else {
-		err = l.scan(ctx, s.client)
-	}
-	if err != nil {
+	if err := forEachMaster(ctx, s.client, l.scan); err != nil {
 		return nil, store.Unavailable("listing claims", err)
 	}
 	return store.SortEntries(l.found, limit), nil
 }
 
-// lister collects the claims of one InFlight call; on a Cluster, one
-// goroutine per master feeds it.
+// forEachMaster runs fn on every master of a Cluster, or on the one master.
+func forEachMaster(ctx context.Context, client goredis.UniversalClient, fn func(context.Context, *goredis.Client) error) error {
+	if cc, ok := client.(*goredis.ClusterClient); ok {
+		return cc.ForEachMaster(ctx, fn)
+	}
+	return fn(ctx, client.(*goredis.Client))
+}
+
+// lister collects one InFlight's claims, from a goroutine per master.
 type lister struct {
 	pattern, prefix string
 	cutoff          time.Time
@@ -133,8 +120,7 @@ func (l *lister) full() bool {
 	return len(l.found) >= l.limit
 }
 
-// scan walks the keys of one node.
-func (l *lister) scan(ctx context.Context, c goredis.Cmdable) error {
+func (l *lister) scan(ctx context.Context, c *goredis.Client) error {
 	var cursor uint64
 	for {
 		keys, next, err := c.Scan(ctx, cursor, l.pattern, scanCount).Result()
@@ -151,16 +137,14 @@ func (l *lister) scan(ctx context.Context, c goredis.Cmdable) error {
 	}
 }
 
-// inspect reads the head and the time to live of each key in one pipeline
-// and keeps the in-progress claims older than the cutoff.
+// inspect keeps the keys that are in-progress claims older than the cutoff.
 func (l *lister) inspect(ctx context.Context, c goredis.Cmdable, keys []string) error {
 	if len(keys) == 0 {
 		return nil
 	}
 	heads := make([]*goredis.StringCmd, len(keys))
 	ttls := make([]*goredis.DurationCmd, len(keys))
-	// Per-command failures are looked at key by key below: one odd key
-	// must not fail the listing.
+	// Errors are looked at key by key: one odd key must not fail the listing.
 	_, _ = c.Pipelined(ctx, func(p goredis.Pipeliner) error {
 		for i, k := range keys {
 			heads[i] = p.GetRange(ctx, k, 0, peekLen-1)
@@ -213,8 +197,7 @@ func (l *lister) inspect(ctx context.Context, c goredis.Cmdable, keys []string) 
 	return nil
 }
 
-// expiry turns a PTTL answer into a time: zero when the key has no expiry
-// (-1) or is gone (-2).
+// expiry turns a PTTL answer into a time, zero for no expiry (-1) or gone (-2).
 func expiry(t time.Time, ttl time.Duration) time.Time {
 	if ttl < 0 {
 		return time.Time{}

@@ -7,36 +7,23 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
-// key is <prefix>:{<hex key>}; the braces make the key its own Cluster hash
-// tag, which every script relies on.
+// key is <prefix>:{<hex key>}, its own Cluster hash tag, as every script needs.
 func (s *Store) key(k store.Key) string {
 	var h [2 * len(store.Key{})]byte
 	hex.Encode(h[:], k[:])
-	var b strings.Builder
-	b.Grow(len(s.prefix) + 3 + len(h))
-	b.WriteString(s.prefix)
-	b.WriteString(":{")
-	b.Write(h[:])
-	b.WriteByte('}')
-	return b.String()
+	return s.prefix + ":{" + string(h[:]) + "}"
 }
 
-// eventsChannel is the Pub/Sub channel on which the stores of every
-// instance that use the prefix announce the end of a waited-for claim and
-// every purge. Its hash tag is the same for every prefix, so that on a
-// Cluster the channels of all the prefixes a client serves live on one
-// shard, as one sharded subscription requires.
+// eventsChannel is the prefix's Pub/Sub channel; its hash tag is the same
+// for all prefixes, so that one sharded subscription can hold them all.
 func eventsChannel(prefix string) string { return prefix + ":{events}" }
 
 // parseKey recovers the store key from a Redis key, <prefix>:{<hex>}.
 func parseKey(k, prefix string) (store.Key, bool) {
 	var key store.Key
-	h, ok := strings.CutPrefix(k, prefix)
-	if !ok {
-		return key, false
-	}
-	h, ok = strings.CutSuffix(h, "}")
-	if !ok || len(h) != 2*len(key) {
+	h, prefixed := strings.CutPrefix(k, prefix)
+	h, closed := strings.CutSuffix(h, "}")
+	if !prefixed || !closed || len(h) != 2*len(key) {
 		return key, false
 	}
 	if _, err := hex.Decode(key[:], []byte(h)); err != nil {
@@ -45,8 +32,7 @@ func parseKey(k, prefix string) (store.Key, bool) {
 	return key, true
 }
 
-// globEscape quotes the characters that SCAN's MATCH pattern treats
-// specially, so that the prefix matches itself only.
+// globEscape quotes SCAN MATCH's special characters, for s to match itself only.
 func globEscape(s string) string {
 	var b strings.Builder
 	for _, r := range s {

@@ -14,31 +14,12 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
-// The scripts check "in progress and owned by this token" with one compare
-// of a GETRANGE, whatever the size of the record: ARGV[1] is the claim's
-// owner prefix (store.AppendOwner), and they compare that much of the
-// record. They answer 0 when the token does not own the claim.
-//
-// The completion and release scripts read the head up to the flags byte
-// and answer 2 rather than 1 if the claim carries store.FlagWatched, which
-// a waiter set (notifyScript): only then is the end announced. Every script
-// touches the one key of its record: a second key, even in the same slot,
-// would make the scripts fail with TRYAGAIN while a Cluster migrates the
-// slot.
-//
-// The record layout's offsets are written into the scripts' text
-// (codecScript) rather than passed as arguments: an argument is a string
-// that Redis copies into Lua and the script converts back to a number, on
-// every call, which makes every completion cost Redis more.
-//
-// complete swaps an owned claim for the completed record ARGV[2], which
-// this instance encodes whole (the claim's binding included), so the script
-// only compares the owner prefix and SETs, for ARGV[3] ms. When go-redis
-// resends the script because the first reply was late, the second run
-// finds the record's own prefix (state completed, same token) and must
-// report success rather than a lost claim: it answers 3, since what it was
-// given is not what the first run stored, should the caller have changed
-// it.
+// The scripts check "in progress and owned by this token" by comparing one
+// GETRANGE, whatever the record's size, with ARGV[1], the owner prefix, and
+// answer 0 if not; ending a watched claim answers 2, not 1. Each touches one
+// key: a second, even in the same slot, fails with TRYAGAIN while a Cluster
+// migrates it. A completion resent after a late reply finds the record's own
+// prefix and answers 3: success, though its record may not be the stored one.
 var completeScript = codecScript(`
 local head = redis.call('GETRANGE', KEYS[1], 0, {flags_offset})
 local owner = string.sub(head, 1, {owner_len})
@@ -59,9 +40,8 @@ if bit.band(string.byte(head, {flags_offset} + 1) or 0, {watched}) ~= 0 then ret
 return 1
 `)
 
-// codecScript is a script whose {owner_len}, {flags_offset} and {watched}
-// stand for the record layout's store.OwnerLen, store.FlagsOffset and
-// store.FlagWatched.
+// codecScript writes the layout's {owner_len}, {flags_offset} and {watched}
+// into the script: as arguments, Redis would convert them on every call.
 func codecScript(src string) *goredis.Script {
 	return goredis.NewScript(strings.NewReplacer(
 		"{owner_len}", strconv.Itoa(store.OwnerLen),
@@ -70,8 +50,7 @@ func codecScript(src string) *goredis.Script {
 	).Replace(src))
 }
 
-// The answers of the completion and release scripts that say more than
-// success (1) or ErrNotOwner (0).
+// Script answers other than success (1) and ErrNotOwner (0).
 const (
 	endedWatched    = 2
 	completedBefore = 3
@@ -82,11 +61,8 @@ if redis.call('GETRANGE', KEYS[1], 0, #ARGV[1] - 1) ~= ARGV[1] then return 0 end
 return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 `)
 
-// bound gives ctx the store's call deadline on a Cluster, unless it already
-// has one as near (as lease renewals do). A single node or a Sentinel
-// master needs none: with MaxRetries 1, go-redis makes at most two
-// attempts, each bounded by the pool, dial, write and read timeouts; and a
-// deadline costs a timer and a context on every call.
+// bound gives ctx the call deadline on a Cluster, unless it has one as near;
+// elsewhere go-redis's timeouts bound a call's two tries, without a timer.
 func (s *Store) bound(ctx context.Context) (context.Context, context.CancelFunc) {
 	if s.callTimeout == 0 {
 		return ctx, noCancel
@@ -102,16 +78,9 @@ func noCancel() {}
 // now is replaced by tests.
 var now = time.Now
 
-// Acquire claims key with SET NX GET: one command that either stores the
-// claim or returns the live record, which Redis expires by itself when the
-// lease or the TTL passes. With a local tier, a completed record found
-// there is answered without asking Redis, and one that Redis returns is
-// kept there.
-//
-// TookOver stays false: a claim's key carries its lease as a TTL, so Redis
-// deletes a dead owner's claim by itself when the lease passes, and SET NX
-// then finds no key at all. Whether one was ever there, and in progress,
-// cannot be told.
+// Acquire claims key with SET NX GET, or returns the live record; the local
+// tier answers and keeps completed ones. TookOver stays false: a dead owner's
+// claim expires with its lease, and SET NX cannot tell it was there.
 func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (store.Acquired, error) {
 	rec, err := s.acquire(ctx, key, c)
 	return store.Acquired{Record: rec}, err
@@ -135,15 +104,11 @@ func (s *Store) acquire(ctx context.Context, key store.Key, c *store.Claim) (*st
 		return s.acquireReplicated(ctx, key, c, cmd, version)
 	}
 	_ = s.calls.Process(ctx, cmd)
-	rec, claimed, err := s.claimAnswer(cmd, c, version, key)
-	if claimed {
-		return nil, nil
-	}
+	rec, _, err := s.claimAnswer(cmd, c, version, key)
 	return rec, err
 }
 
-// acquireReplicated is Acquire with min_replicas: cmd, the claim, runs on a
-// connection of the key's master, and only a claim is waited for.
+// acquireReplicated runs cmd on key's master, waiting for replicas if it claimed.
 func (s *Store) acquireReplicated(ctx context.Context, key store.Key, c *store.Claim, cmd *goredis.StringCmd, version uint64) (*store.Record, error) {
 	conn, err := s.replicas.onMaster(ctx, cmd.Args()[1].(string), func(p goredis.Pipeliner, _ bool) goredis.Cmder {
 		_ = p.Process(ctx, cmd)
@@ -166,8 +131,7 @@ func (s *Store) acquireReplicated(ctx context.Context, key store.Key, c *store.C
 	return nil, nil
 }
 
-// claimAnswer reads the answer of a claim's SET NX GET: claimed, or the
-// live record it found.
+// claimAnswer reads a SET NX GET: claimed, or the live record it found.
 func (s *Store) claimAnswer(cmd *goredis.StringCmd, c *store.Claim, version uint64, key store.Key) (*store.Record, bool, error) {
 	old, err := cmd.Bytes()
 	if errors.Is(err, goredis.Nil) {
@@ -180,14 +144,12 @@ func (s *Store) claimAnswer(cmd *goredis.StringCmd, c *store.Claim, version uint
 	if err != nil {
 		return nil, false, err
 	}
-	// go-redis retries a command whose reply was lost; the record found may
-	// then be this very claim, stored by the first attempt.
+	// go-redis's retry after a lost reply may find this very claim.
 	if rec.State == store.InProgress && rec.Token == c.Token {
 		return nil, true, nil
 	}
 	if s.tier != nil && rec.State == store.Completed {
-		// old is the command's own copy, which rec's body aliases and
-		// nothing writes to.
+		// old is the command's own copy, which rec aliases and nothing writes.
 		s.tier.Put(key, old, version)
 	}
 	return rec, false, nil
@@ -201,11 +163,8 @@ func decode(b []byte) (*store.Record, error) {
 	return rec, nil
 }
 
-// Complete stores resp in place of the claim c, for ttl. The record carries
-// its expiry, by this instance's clock, for the local tiers of every
-// instance and for whoever reads it: Redis's own TTL starts a little
-// later, when the script runs, so a tier never keeps a record longer than
-// Redis does unless clocks differ.
+// Complete stores resp in place of the claim c, for ttl. Its expiry, by this
+// clock, precedes Redis's TTL: no tier outlives Redis unless clocks differ.
 func (s *Store) Complete(ctx context.Context, key store.Key, c *store.Claim, resp *store.Response, ttl time.Duration) error {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
@@ -213,7 +172,7 @@ func (s *Store) Complete(ctx context.Context, key store.Key, c *store.Claim, res
 	var blob []byte
 	var version uint64
 	if s.tier != nil {
-		// Encoded at its exact size, to be kept by the tier.
+		// Exact size, to be kept by the tier.
 		version = s.tier.Version()
 		blob = store.AppendCompleted(nil, c, resp, expires)
 	} else {
@@ -242,11 +201,9 @@ func (s *Store) Complete(ctx context.Context, key store.Key, c *store.Claim, res
 	return nil
 }
 
-// completeReplicated runs the completion script and a WAIT in one pipeline
-// on the key's master. A completion that too few replicas acknowledged is
-// kept, and sent again while the claim's lease lasts: until then, a
-// failover to a replica that has only the claim would answer retries with
-// 409, and after it run them again.
+// completeReplicated pipelines the completion and a WAIT on key's master, and
+// resends it while the lease lasts if short: a promoted replica with only the
+// claim would answer retries 409.
 func (s *Store) completeReplicated(ctx context.Context, keys []string, args []any, expires time.Time, lease time.Duration) (int64, error) {
 	var script *goredis.Cmd
 	var wait *goredis.IntCmd
@@ -298,8 +255,7 @@ func (s *Store) Renew(ctx context.Context, key store.Key, token store.Token, lea
 	return err
 }
 
-// owned turns a script's 0 into ErrNotOwner, and passes its other answers
-// on.
+// owned turns a script's 0 into ErrNotOwner, and passes other answers on.
 func (s *Store) owned(cmd *goredis.Cmd, op string) (int64, error) {
 	n, err := cmd.Int64()
 	switch {
@@ -311,12 +267,10 @@ func (s *Store) owned(cmd *goredis.Cmd, op string) (int64, error) {
 	return n, nil
 }
 
-// buffers hold encoded records while go-redis writes them: it is done with
-// its arguments when the call returns.
+// buffers hold encoded records until the call returns, when go-redis is done.
 var buffers = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
 
-// maxPooledBuffer keeps the odd large response from pinning memory in the
-// pool.
+// maxPooledBuffer keeps the odd large record from pinning pool memory.
 const maxPooledBuffer = 64 << 10
 
 func getBuffer() *[]byte { return buffers.Get().(*[]byte) }
@@ -327,7 +281,6 @@ func putBuffer(b *[]byte) {
 	}
 }
 
-// owner is the owner prefix of a claim held by token, for the scripts.
 func owner(token store.Token) []byte {
 	return store.AppendOwner(make([]byte, 0, store.OwnerLen), token)
 }

@@ -1,10 +1,5 @@
-// Package redis is the Redis backend of the idempotency handler. Each store
-// method is one round trip: Acquire is a single SET NX GET, and the calls
-// that must check the owner token are short server-side scripts. Instances
-// that share a Redis hear from each other through one Pub/Sub
-// subscription per client (subscriber.go): waiting duplicates are woken
-// when a claim ends elsewhere, and purges reach the local tier
-// (local_cache), which replays completed records without a round trip.
+// Package redis is the Redis backend of the idempotency handler: one round
+// trip per store method, and Pub/Sub between instances for waiters and tiers.
 package redis
 
 import (
@@ -31,8 +26,7 @@ func init() {
 	caddy.RegisterModule(Store{})
 }
 
-// Defaults are short so that a dead Redis costs a request little time:
-// the handler then answers per its on_store_error policy.
+// Defaults are short so that a dead Redis costs a request little time.
 const (
 	defaultAddress      = "127.0.0.1:6379"
 	defaultKeyPrefix    = "idempotency"
@@ -126,12 +120,9 @@ type Store struct {
 	Pipelining *bool `json:"pipelining,omitempty"`
 
 	// Resolved at provisioning; the exported fields keep what was written.
-	opts   goredis.UniversalOptions
-	prefix string
-	// callTimeout bounds one store call on a Cluster, where go-redis may
-	// redirect and retry a command several times, each attempt with its own
-	// timeouts; zero elsewhere (see bound).
-	callTimeout time.Duration
+	opts        goredis.UniversalOptions
+	prefix      string
+	callTimeout time.Duration // zero but on a Cluster, which may redirect and retry (see bound)
 	poolKey     string
 	name        string // in the store registry
 	client      goredis.UniversalClient
@@ -151,9 +142,8 @@ func (Store) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// clients lets every configuration that asks for the same Redis share one
-// client, so a config reload neither drops nor doubles connections, nor
-// the client's subscription and local tiers.
+// clients shares one client among the configs that ask for the same Redis,
+// so a reload neither drops nor doubles connections, subscription or tiers.
 var clients = caddy.NewUsagePool()
 
 type sharedClient struct {
@@ -174,8 +164,7 @@ func (c *sharedClient) Destruct() error {
 }
 
 // Provision resolves placeholders, applies defaults and gets a client. It
-// does not fail when Redis is down: Caddy must start anyway, and requests
-// follow on_store_error until Redis answers.
+// does not fail when Redis is down: requests follow on_store_error until then.
 func (s *Store) Provision(ctx caddy.Context) error {
 	s.logger = ctx.Logger()
 	repl := caddy.NewReplacer()
@@ -199,9 +188,8 @@ func (s *Store) Provision(ctx caddy.Context) error {
 		ReadTimeout:  cmp.Or(time.Duration(s.ReadTimeout), defaultReadTimeout),
 		WriteTimeout: cmp.Or(time.Duration(s.WriteTimeout), defaultWriteTimeout),
 		PoolSize:     s.PoolSize,
-		// go-redis by default tries up to 4 times with 5 dials each, which
-		// makes a dead Redis cost seconds per call. One retry still covers
-		// a pooled connection that the server closed.
+		// go-redis's default retries make a dead Redis cost seconds a call;
+		// one retry still covers a pooled connection the server closed.
 		MaxRetries:    1,
 		DialerRetries: 1,
 		// Let the caller's deadline cut a call short, too.
@@ -236,8 +224,7 @@ func (s *Store) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("creating redis client: %w", err)
 	}
 	shared := val.(*sharedClient)
-	s.client, s.events = shared.UniversalClient, shared.events
-	s.calls = shared.calls
+	s.client, s.events, s.calls = shared.UniversalClient, shared.events, shared.calls
 	if s.Pipelining != nil && !*s.Pipelining {
 		s.calls = s.client
 	}
@@ -262,8 +249,7 @@ func (s *Store) Provision(ctx caddy.Context) error {
 	return nil
 }
 
-// provisionReplication sets up min_replicas, and checks at once that the
-// servers can give it, when they answer.
+// provisionReplication sets up min_replicas, checking the servers if they answer.
 func (s *Store) provisionReplication(ctx caddy.Context, checkCtx context.Context) error {
 	r, err := newReplication(ctx, s.MinReplicas, s.replicaTimeout(), s.client, s.name, ctx.GetMetricsRegistry(), s.logger)
 	if err != nil {
@@ -283,8 +269,7 @@ func (s *Store) replicaTimeout() time.Duration {
 	return cmp.Or(time.Duration(s.ReplicaTimeout), defaultReplicaTimeout)
 }
 
-// clientKey identifies the client options without revealing them: the
-// password is part of the key, but only through a hash.
+// clientKey identifies the client options, the password only through a hash.
 func (s *Store) clientKey() string {
 	b, _ := json.Marshal([]any{s.opts.Addrs, s.opts.MasterName, s.opts.Username, s.opts.Password,
 		s.opts.DB, s.TLS, s.opts.DialTimeout, s.opts.ReadTimeout, s.opts.WriteTimeout, s.opts.PoolSize})
@@ -333,10 +318,8 @@ func (s *Store) Cleanup() error {
 	if s == nil {
 		return nil
 	}
-	// The client stays: requests of the old config may still be finishing
-	// after a reload; calls made after it closed fail as unavailable
-	// instead of dereferencing nil. So does the tier, which the last store
-	// to leave it suspends.
+	// The client and tier stay set, for the old config's last calls to fail
+	// as unavailable rather than on nil.
 	if s.poolKey != "" {
 		s.events.leave(s.channel, s.LocalCache, s.name)
 	}
@@ -360,7 +343,6 @@ func (s Store) String() string {
 // GoString keeps %#v from printing the password.
 func (s Store) GoString() string { return s.String() }
 
-// Interface guards
 var (
 	_ caddy.Provisioner  = (*Store)(nil)
 	_ caddy.Validator    = (*Store)(nil)

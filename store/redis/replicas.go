@@ -14,34 +14,25 @@ import (
 	"go.uber.org/zap"
 )
 
-// Claims that survive a failover (min_replicas). Redis replicates
-// asynchronously, and WAIT n timeout blocks until n replicas have every
-// write made so far on its own connection; it cannot run inside a script.
-// So the store writes and waits on one connection of the key's master: a
-// claim's SET, then WAIT only if it claimed (replays and refusals wrote
-// nothing and do not wait); a completion's script and its WAIT in one
-// pipeline.
+// min_replicas: WAIT counts the replicas having its own connection's writes
+// and cannot run in a script, so writes and waits share a connection.
 
 const defaultReplicaTimeout = 100 * time.Millisecond
 
-// retryCompletions bounds the completions waiting to be sent to the
-// replicas again; more are counted as abandoned.
+// retryCompletions bounds the completions awaiting resend; more are abandoned.
 const retryCompletions = 1024
 
-// replicaShortfalls is process-wide, like the clients, and registered into
-// each config's registry.
+// replicaShortfalls is process-wide, registered into each config's registry.
 var replicaShortfalls = prometheus.NewCounterVec(prometheus.CounterOpts{
 	Namespace: "caddy", Subsystem: "idempotency", Name: "store_replica_shortfalls_total",
 	Help: "Redis writes that fewer replicas than min_replicas acknowledged within replica_timeout, by store and write: claim (withdrawn; the request answered per on_store_error), completion (kept on the master and sent again), completion_abandoned (the lease passed first).",
 }, []string{"store", "write"})
 
-// errTooFewReplicas is what a claim that too few replicas acknowledged
-// fails with (wrapped in store.ErrUnavailable), and a server with too few
-// replicas at provisioning.
+// errTooFewReplicas fails claims (wrapped in store.ErrUnavailable) and
+// provisioning short of replicas.
 var errTooFewReplicas = errors.New("too few replicas")
 
-// replication waits for min_replicas replicas after each claim and
-// completion, and sends again the completions they missed.
+// replication waits for min_replicas after each write, resending missed completions.
 type replication struct {
 	want    int
 	timeout time.Duration
@@ -69,18 +60,14 @@ func newReplication(ctx context.Context, want int, timeout time.Duration, client
 	return r, nil
 }
 
-// check asks every master whether it accepts WAIT (WAIT 0 0 answers at
-// once) and how many replicas it has (INFO replication). A server that
-// answers with an error or too few replicas is a config error; one that
-// does not answer is checked by the first claim instead, whose WAIT fails
-// as clearly.
+// check asks every master whether it accepts WAIT and has the replicas; one
+// that does not answer is checked by the first claim's WAIT instead.
 func (r *replication) check(ctx context.Context) (reachable bool, err error) {
 	ask := func(ctx context.Context, c *goredis.Client) error {
 		if err := c.Do(ctx, "wait", 0, 0).Err(); err != nil {
 			return err
 		}
-		// Loaded now, a completion's EVALSHA finds its script: a NOSCRIPT
-		// costs the pipeline a second try, and its WAIT, too.
+		// So that a completion's EVALSHA does not cost a NOSCRIPT and a retry.
 		if err := completeScript.Load(ctx, c).Err(); err != nil {
 			return err
 		}
@@ -88,18 +75,13 @@ func (r *replication) check(ctx context.Context) (reachable bool, err error) {
 		if err != nil {
 			return err
 		}
-		// Connected, in whatever state: one that is syncing now will be
-		// online soon, and until then the claims wait for it and fail.
+		// Any state counts: a syncing replica is online soon, claims fail until then.
 		if n := connectedReplicas(info); n < r.want {
 			return fmt.Errorf("%w: %s has %d, min_replicas wants %d", errTooFewReplicas, r.describe(c), n, r.want)
 		}
 		return nil
 	}
-	if cc, ok := r.client.(*goredis.ClusterClient); ok {
-		err = cc.ForEachMaster(ctx, ask)
-	} else {
-		err = ask(ctx, r.client.(*goredis.Client))
-	}
+	err = forEachMaster(ctx, r.client, ask)
 	var refused goredis.Error
 	switch {
 	case err == nil:
@@ -110,8 +92,7 @@ func (r *replication) check(ctx context.Context) (reachable bool, err error) {
 	return false, err
 }
 
-// connectedReplicas reads connected_slaves from INFO replication; -1 if
-// it is missing.
+// connectedReplicas reads connected_slaves from INFO replication, or -1.
 func connectedReplicas(info string) int {
 	for line := range strings.Lines(info) {
 		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "connected_slaves:"); ok {
@@ -123,7 +104,6 @@ func connectedReplicas(info string) int {
 	return -1
 }
 
-// describe names the master c for an error.
 func (r *replication) describe(c *goredis.Client) string {
 	if _, ok := r.client.(*goredis.ClusterClient); ok {
 		return "the master at " + c.Options().Addr
@@ -131,8 +111,6 @@ func (r *replication) describe(c *goredis.Client) string {
 	return "the master"
 }
 
-// master is the client of the node that serves key: the store's own on a
-// single node or Sentinel, the slot's master on a Cluster.
 func (r *replication) master(ctx context.Context, key string) (*goredis.Client, error) {
 	if cc, ok := r.client.(*goredis.ClusterClient); ok {
 		return cc.MasterForKey(ctx, key)
@@ -140,13 +118,9 @@ func (r *replication) master(ctx context.Context, key string) (*goredis.Client, 
 	return r.client.(*goredis.Client), nil
 }
 
-// onMaster runs the commands that queue adds, in one pipeline, on a
-// connection of the master that serves key, and returns that connection
-// for the caller to wait on and close. queue returns the write whose
-// answer tells whether to try again: after a Cluster's MOVED (the slot
-// moved: the client's map is reloaded) or ASK (the slot is migrating: the
-// importing node is asked), or with eval set after NOSCRIPT (a master that
-// lost its scripts, a new one after a failover).
+// onMaster runs what queue adds in one pipeline on a connection of key's
+// master, returned to wait on and close; it tries again if queue's write is
+// answered MOVED (reloading slots), ASK or NOSCRIPT (then with eval).
 func (r *replication) onMaster(ctx context.Context, key string, queue func(p goredis.Pipeliner, eval bool) goredis.Cmder) (*goredis.Conn, error) {
 	node, err := r.master(ctx, key)
 	if err != nil {
@@ -222,9 +196,7 @@ func (r *replication) node(ctx context.Context, addr string) *goredis.Client {
 	return found
 }
 
-// claimed waits until the replicas have the claim that conn just wrote.
-// Short of them, it withdraws the claim with release and fails: the
-// request must not run on a claim that a failover could lose.
+// claimed waits for the replicas to have conn's claim, or withdraws it and fails.
 func (r *replication) claimed(ctx context.Context, conn *goredis.Conn, release func() error) error {
 	n, err := conn.Wait(ctx, r.want, r.timeout).Result()
 	if err == nil && int(n) >= r.want {
@@ -242,9 +214,7 @@ func (r *replication) claimed(ctx context.Context, conn *goredis.Conn, release f
 	return err
 }
 
-// short tells whether too few replicas acknowledged a completion, as the
-// WAIT that followed it answered; the completion stays (the master has it)
-// and is to be sent again.
+// short tells whether a completion's WAIT found too few replicas.
 func (r *replication) short(wait *goredis.IntCmd) bool {
 	n, err := wait.Result()
 	if err == nil && int(n) >= r.want {
@@ -256,8 +226,7 @@ func (r *replication) short(wait *goredis.IntCmd) bool {
 	return true
 }
 
-// queueWait adds a WAIT to p, whose reply is read within read_timeout
-// (Validate keeps replica_timeout shorter).
+// queueWait adds a WAIT to p, read within read_timeout (> replica_timeout).
 func (r *replication) queueWait(ctx context.Context, p goredis.Pipeliner) *goredis.IntCmd {
 	cmd := goredis.NewIntCmd(ctx, "wait", r.want, millis(r.timeout))
 	_ = p.Process(ctx, cmd)

@@ -8,13 +8,8 @@ import (
 	"go.uber.org/zap"
 )
 
-// The completions that too few replicas acknowledged, written again until
-// they do (min_replicas).
-
-// resend is a completion that too few replicas acknowledged, to be written
-// again (the same record, by the same owner) until they do or deadline,
-// the end of the claim's lease, passes: after that the replicas' copy of
-// the claim has expired anyway.
+// resend is a completion written again until the replicas have it or its
+// lease's end, deadline, passes, when their copy of the claim expires anyway.
 type resend struct {
 	key      string
 	owner    []byte // the claim's owner prefix
@@ -23,7 +18,6 @@ type resend struct {
 	deadline time.Time
 }
 
-// retry queues rs to be sent again.
 func (r *replication) retry(rs resend) {
 	select {
 	case r.retries <- rs:
@@ -38,8 +32,7 @@ func (r *replication) abandon(n int, why string) {
 		zap.Int("completions", n), zap.String("reason", why))
 }
 
-// run sends the completions that the replicas missed again, every
-// replica_timeout, until the config's context ends.
+// run resends the missed completions every replica_timeout, until ctx ends.
 func (r *replication) run(ctx context.Context) {
 	tick := time.NewTicker(max(r.timeout, 50*time.Millisecond))
 	defer tick.Stop()
@@ -66,9 +59,8 @@ func (r *replication) run(ctx context.Context) {
 	}
 }
 
-// resendScript writes the completed record again if the key still holds
-// it, or still holds the owner's claim (a failover lost the completion but
-// kept the claim): a write on this connection for WAIT to count.
+// resendScript writes the record again for WAIT to count, if the key holds
+// it or the owner's claim (a failover lost the completion, not the claim).
 var resendScript = goredis.NewScript(`
 local head = redis.call('GETRANGE', KEYS[1], 0, #ARGV[1] - 1)
 if head ~= ARGV[1] and head ~= string.sub(ARGV[2], 1, #ARGV[1]) then return 0 end
@@ -76,8 +68,7 @@ redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 return 1
 `)
 
-// resendAll writes each pending completion again on its master, then
-// waits once per master, and returns those still short of replicas.
+// resendAll resends pending, one WAIT per master, returning those still short.
 func (r *replication) resendAll(ctx context.Context, pending []resend) []resend {
 	now := now()
 	byNode := make(map[*goredis.Client][]resend)

@@ -3,7 +3,9 @@ package redis
 import (
 	"context"
 	"errors"
+	"maps"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,38 +18,22 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/store/tier"
 )
 
-// Instances hear from each other through one Pub/Sub subscription per
-// shared client, to the events channel of every key prefix that the
-// client's stores use (eventsChannel). On a Cluster it is a sharded
-// subscription (SSUBSCRIBE, and SPUBLISH to it), unless the server does not
-// know those commands; then plain Pub/Sub, which a Cluster broadcasts to
-// every node.
-//
-// The subscription starts when it is first needed: when a store with a
-// local_cache joins, or when a duplicate first waits. go-redis would
-// re-establish a dropped subscription silently, and a purge announced
-// meanwhile would never reach this instance's local tier; so the
-// subscriber sees every drop itself (a receive error, an unanswered ping,
-// the server unsubscribing it when a slot moves), suspends the tiers it
-// feeds until it has subscribed again, and counts the loss; what it shares
-// with the PostgreSQL store's listener is in store.KeepSubscribed,
-// store.LossCounter and tier.Tiers.
-
-// subscriber is the subscription of one shared client, and the local tiers
-// that it keeps coherent.
+// subscriber is a shared client's subscription to its prefixes' channels,
+// sharded on a Cluster unless refused, started when first needed. go-redis
+// would resubscribe silently after a drop, losing the purges meanwhile; so
+// the subscriber sees every drop itself, suspends the local tiers it keeps
+// coherent until subscribed again, and counts the loss.
 type subscriber struct {
 	client goredis.UniversalClient
 	losses *store.LossCounter // against the stores it serves
 	logger *zap.Logger
 
-	// sharded is set on a Cluster until the server refuses SSUBSCRIBE or
-	// SPUBLISH.
+	// sharded is set on a Cluster until the server refuses SSUBSCRIBE or SPUBLISH.
 	sharded atomic.Bool
 
 	mu sync.Mutex
 	// channels are never dropped: a client serves few prefixes, and
-	// unsubscribing would race with a store that joins again. A channel's
-	// tiers are live while it is subscribed on the current connection.
+	// unsubscribing would race with a store that joins again.
 	channels map[string]*tier.Tiers
 	ps       *goredis.PubSub // of the session under way, if any
 	started  bool
@@ -69,10 +55,8 @@ func newSubscriber(client goredis.UniversalClient, cluster bool, losses *prometh
 	return sub
 }
 
-// join adds the store storeName of the prefix whose channel is name, and
-// returns the local tier of cacheSize bytes it is to use (nil for none),
-// starting the subscription that keeps the tier coherent. A lost
-// subscription counts against every store joined.
+// join adds storeName on channel name, where lost subscriptions count against
+// it, and returns its tier, nil for none.
 func (sub *subscriber) join(name string, cacheSize int64, storeName string) *tier.Cache {
 	sub.losses.Add(storeName)
 	sub.mu.Lock()
@@ -94,8 +78,7 @@ func (sub *subscriber) leave(name string, cacheSize int64, storeName string) {
 	}
 }
 
-// listening reports whether the channel name is subscribed on a live
-// connection, starting the subscription if it was not.
+// listening reports whether channel name is live, starting the subscription.
 func (sub *subscriber) listening(name string) bool {
 	sub.mu.Lock()
 	defer sub.mu.Unlock()
@@ -104,18 +87,15 @@ func (sub *subscriber) listening(name string) bool {
 	return ts != nil && ts.Live()
 }
 
-// channel returns the channel called name, subscribing to it on the
-// current connection if it is new. sub.mu is held.
+// channel returns channel name, subscribing to it if new. sub.mu is held.
 func (sub *subscriber) channel(name string) *tier.Tiers {
-	ts := sub.channels[name]
-	if ts != nil {
+	if ts := sub.channels[name]; ts != nil {
 		return ts
 	}
-	ts = new(tier.Tiers)
+	ts := new(tier.Tiers)
 	sub.channels[name] = ts
 	if sub.ps != nil {
-		// A failure shows in the session's receive loop, which then
-		// subscribes anew to every channel.
+		// A failure shows in the receive loop; the next session subscribes anew.
 		_ = sub.subscribe(context.Background(), sub.ps, name)
 	}
 	return ts
@@ -150,17 +130,14 @@ func (sub *subscriber) run() {
 		wasLive, err := sub.session()
 		lost := sub.lost(err, wasLive)
 		if cc, ok := sub.client.(*goredis.ClusterClient); ok {
-			// The channel's slot may have moved: ask for the slots anew
-			// rather than subscribe on the old node until go-redis's
-			// periodic refresh.
+			// The slot may have moved: reload, not wait for go-redis's refresh.
 			cc.ReloadState(context.Background())
 		}
 		return lost
 	})
 }
 
-// session subscribes on a new connection and delivers what it receives
-// until the connection fails. It reports whether any channel was live.
+// session subscribes on a new connection and delivers until it fails.
 func (sub *subscriber) session() (wasLive bool, err error) {
 	ctx := context.Background()
 	var ps *goredis.PubSub
@@ -177,10 +154,7 @@ func (sub *subscriber) session() (wasLive bool, err error) {
 		return false, nil
 	}
 	sub.ps = ps
-	names := make([]string, 0, len(sub.channels))
-	for name := range sub.channels {
-		names = append(names, name)
-	}
+	names := slices.Collect(maps.Keys(sub.channels))
 	sub.mu.Unlock()
 	if err := sub.subscribe(ctx, ps, names...); err != nil {
 		return false, err
@@ -212,8 +186,7 @@ func (sub *subscriber) session() (wasLive bool, err error) {
 			case "subscribe", "ssubscribe":
 				wasLive = sub.confirm(m.Channel) || wasLive
 			case "unsubscribe", "sunsubscribe":
-				// Never asked for: the server dropped the channel (its
-				// slot moved to another node).
+				// Not asked for: the channel's slot moved to another node.
 				return wasLive, errors.New("the server unsubscribed " + m.Channel)
 			}
 		}
@@ -230,23 +203,21 @@ func (sub *subscriber) subscribe(ctx context.Context, ps *goredis.PubSub, names 
 	return ps.Subscribe(ctx, names...)
 }
 
-// refused switches to plain Pub/Sub if err is the server's refusal of
-// sharded Pub/Sub, and reports whether it did.
+// refused switches to plain Pub/Sub if err refuses sharded, reporting whether.
 func (sub *subscriber) refused(err error, wasLive bool) bool {
-	var reply goredis.Error
-	if wasLive || !sub.sharded.Load() || !errors.As(err, &reply) || !unknownCommand(reply) {
+	if wasLive || !sub.sharded.Load() || !unknownCommand(err) {
 		return false
 	}
 	sub.sharded.Store(false)
 	return true
 }
 
-func unknownCommand(err goredis.Error) bool {
-	return strings.Contains(strings.ToLower(err.Error()), "unknown command")
+func unknownCommand(err error) bool {
+	var reply goredis.Error
+	return errors.As(err, &reply) && strings.Contains(strings.ToLower(reply.Error()), "unknown command")
 }
 
-// confirm marks name live and resumes its tiers, and reports whether it is
-// a channel of this subscriber.
+// confirm resumes the tiers of channel name, reporting whether it is one.
 func (sub *subscriber) confirm(name string) bool {
 	sub.mu.Lock()
 	defer sub.mu.Unlock()
@@ -258,8 +229,7 @@ func (sub *subscriber) confirm(name string) bool {
 	return true
 }
 
-// deliver acts on one event: it evicts a purged record from the channel's
-// tiers, then wakes the key's waiters in this process.
+// deliver evicts a purged record from the channel's tiers and wakes its waiters.
 func (sub *subscriber) deliver(name, payload string) {
 	kind, key, ok := store.ParseEvent(payload)
 	if !ok {
@@ -276,9 +246,7 @@ func (sub *subscriber) deliver(name, payload string) {
 	store.SignalEnd(key)
 }
 
-// lost ends a session: no channel is live any more, and every tier is
-// suspended until its channel is subscribed again. A session that was live
-// counts as a lost subscription; it reports whether it was.
+// lost suspends every tier until resubscribed, and counts a session that was live.
 func (sub *subscriber) lost(err error, wasLive bool) bool {
 	sub.mu.Lock()
 	defer sub.mu.Unlock()
@@ -295,12 +263,10 @@ func (sub *subscriber) lost(err error, wasLive bool) bool {
 	return true
 }
 
-// publish sends payload on the channel name.
 func (sub *subscriber) publish(ctx context.Context, name string, payload []byte) error {
 	if sub.sharded.Load() {
 		err := sub.client.SPublish(ctx, name, payload).Err()
-		var reply goredis.Error
-		if !errors.As(err, &reply) || !unknownCommand(reply) {
+		if !unknownCommand(err) {
 			return err
 		}
 		sub.sharded.Store(false)

@@ -1,7 +1,6 @@
-// Package tier is the local tier of a shared store: an in-process copy of
-// the completed records it also keeps elsewhere (Redis, PostgreSQL), so
-// that their replays cost no round trip, and the Tiers that one channel of
-// the store's subscription keeps coherent.
+// Package tier is the local tier of a shared store (Redis, PostgreSQL): an
+// in-process copy of its completed records, so that their replays cost no
+// round trip, and the Tiers that one subscription keeps coherent.
 package tier
 
 import (
@@ -15,20 +14,12 @@ import (
 // now is replaceable in tests.
 var now = time.Now
 
-// Cache is the memory store's table put to another use: an in-process copy
-// of completed records that a shared store also keeps elsewhere, so that
-// their replays cost no round trip. A completed record never changes until
-// it expires or is purged, so a copy stays right until its own expiry,
-// which the record carries (store.Encoded.ExpiresAt), provided the cache
-// hears of every purge.
+// Cache is a local tier of completed records, at most maxBytes, oldest
+// evicted first. A completed record never changes until it expires or is
+// purged, so a copy stays right provided the cache hears of every purge.
 //
-// It holds completed records only, never a claim, at most maxBytes of them
-// (each counted with the same overhead as in the memory store), evicting
-// the oldest first, and drops each when it expires.
-//
-// A purge can race with a read from the backing store: a record read
-// before the purge must not be put after the purge's Delete. So Put
-// takes the Version read before the backing store was, and refuses the
+// A record read before a purge must not be put after the purge's Delete:
+// Put takes the Version read before the backing store was, and refuses the
 // record if any Delete, Suspend or Resume came in between.
 type Cache struct {
 	t *table.Table
@@ -37,8 +28,8 @@ type Cache struct {
 	suspended bool
 }
 
-// NewCache returns an empty cache of at most maxBytes, suspended: it
-// serves and takes nothing until Resume.
+// NewCache returns an empty cache of at most maxBytes, suspended until
+// Resume.
 func NewCache(maxBytes int64) *Cache {
 	return &Cache{t: table.New(math.MaxInt, maxBytes), suspended: true}
 }
@@ -61,8 +52,7 @@ func (c *Cache) Get(k store.Key) store.Encoded {
 	return nil
 }
 
-// Version is to be read before the backing store, and given to Put with
-// what that read returned.
+// Version is to be read before the backing store, for Put.
 func (c *Cache) Version() uint64 {
 	c.t.Lock()
 	defer c.t.Unlock()
@@ -70,11 +60,10 @@ func (c *Cache) Version() uint64 {
 }
 
 // Put keeps blob, k's completed record, until the expiry it carries, and
-// reports whether it did. It does not when the cache changed since version
-// was read (a purge or a suspension came in between), when it is
-// suspended, when blob is not a completed record with an expiry still to
-// come, or when it is larger than the whole cache. The cache keeps blob
-// itself: the caller must not write to it afterwards.
+// reports whether it did: not if the cache changed since version was read
+// or is suspended, if blob is not a completed record with an expiry to
+// come, or if it is larger than the cache. The caller must not write to
+// blob afterwards.
 func (c *Cache) Put(k store.Key, blob store.Encoded, version uint64) bool {
 	if blob.State() != store.Completed {
 		return false
@@ -112,8 +101,7 @@ func (c *Cache) Delete(k store.Key) {
 	}
 }
 
-// Suspend drops every record and serves nothing until Resume: for a cache
-// that may have missed a purge.
+// Suspend drops every record and serves nothing until Resume.
 func (c *Cache) Suspend() {
 	t := c.t
 	t.Lock()
@@ -123,8 +111,8 @@ func (c *Cache) Suspend() {
 	t.Clear()
 }
 
-// Resume serves and takes records again, those read since alone: a read
-// that began while the cache was suspended may predate a purge it missed.
+// Resume serves and takes records again, only those read since: an older
+// read may predate a purge the cache missed.
 func (c *Cache) Resume() {
 	t := c.t
 	t.Lock()

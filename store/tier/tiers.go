@@ -6,13 +6,11 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
-// Tiers are the local tiers (Caches) that one channel of a shared store's
-// subscription keeps coherent: the Redis store's per key prefix, the
-// PostgreSQL store's per table. There is one tier per size, shared by the
-// stores that ask for it (those of one config, or of the old and new
-// configs during a reload). They serve only while the channel is live:
-// a tier that may have missed a purge must serve nothing. The zero value
-// is a channel not yet live, without tiers.
+// Tiers are the local tiers that one channel of a shared store's
+// subscription keeps coherent (per Redis key prefix, per PostgreSQL
+// table): one per size, shared by the stores that ask for it. They serve
+// only while the channel is live, since a tier that may have missed a
+// purge must serve nothing. The zero value is not live, without tiers.
 type Tiers struct {
 	mu     sync.Mutex
 	live   bool
@@ -47,9 +45,8 @@ func (ts *Tiers) Join(size int64) *Cache {
 	return sc.Cache
 }
 
-// Leave undoes Join. The last store to leave a tier suspends and destroys
-// it: requests of the old config that are still finishing may read it,
-// and a tier that no longer hears of purges must serve nothing.
+// Leave undoes Join. The last store to leave a tier suspends it, since
+// requests still finishing may read it, and destroys it.
 func (ts *Tiers) Leave(size int64) {
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
@@ -73,23 +70,17 @@ func (ts *Tiers) Live() bool {
 }
 
 // Resume marks the channel live, and its tiers serve again.
-func (ts *Tiers) Resume() {
-	ts.mu.Lock()
-	defer ts.mu.Unlock()
-	ts.live = true
-	for _, sc := range ts.caches {
-		sc.Resume()
-	}
-}
+func (ts *Tiers) Resume() { ts.setLive(true, (*Cache).Resume) }
 
-// Suspend marks the channel down, and its tiers are emptied and serve
-// nothing until Resume.
-func (ts *Tiers) Suspend() {
+// Suspend marks the channel down, emptying its tiers until Resume.
+func (ts *Tiers) Suspend() { ts.setLive(false, (*Cache).Suspend) }
+
+func (ts *Tiers) setLive(live bool, each func(*Cache)) {
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
-	ts.live = false
+	ts.live = live
 	for _, sc := range ts.caches {
-		sc.Suspend()
+		each(sc.Cache)
 	}
 }
 

@@ -8,9 +8,7 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
-// What the tests of the stores built on a table look at once they have
-// driven it through the store: the table's own bookkeeping is beyond their
-// reach in this package.
+// For the tests of the stores built on a table.
 
 // Evictable yields the completed entries, oldest first: the order in
 // which MakeRoom evicts them.
@@ -24,12 +22,8 @@ func (t *Table) Evictable() iter.Seq[*Entry] {
 	}
 }
 
-// Check reports the first way in which the index, the slots, the counts or
-// the eviction list disagree: an index position whose entry its lookup
-// would not find, an entry not indexed or counted for other than its
-// blob's Size, a free list that misses a free slot, a byte count other
-// than the entries' sum, a list whose links disagree both ways, or one
-// that holds other than every completed entry.
+// Check reports the first way in which the index, the slots, the counts,
+// the free list or the eviction list disagree.
 func (t *Table) Check() error {
 	if err := t.checkIndex(); err != nil {
 		return err
@@ -86,8 +80,8 @@ func (t *Table) Check() error {
 	return nil
 }
 
-// checkIndex reports an index position that names no entry, or one whose
-// key's hash or probe from its home would not lead a lookup to it.
+// checkIndex reports an index position that names no entry, or that a
+// lookup of its key would not reach.
 func (t *Table) checkIndex() error {
 	mask := len(t.index) - 1
 	used := 0

@@ -6,16 +6,13 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
-// The index is an open-addressing hash table, linear probing, at most half
-// full, of slot numbers. Each position holds, packed in one word, the top
-// 32 bits of its key's hash and its slot number plus one (0 is empty), so
-// that probing compares hashes in the index and reads a slot only on a
-// likely hit, and deletion can shift entries back without reading slots at
-// all. It holds no pointers: the GC never scans it.
+// The index is an open-addressing hash table of slot numbers, linear
+// probing, at most half full. Each word packs a 32-bit hash of its key and
+// its slot number plus one (0 is empty), so that probing reads a slot only
+// on a likely hit and deletion reads none. The GC never scans it.
 //
-// Keys are SHA-256 digests (store.NewKey), so the hash is a mix of their
-// first 16 bytes; the multiply spreads keys that differ only there (as
-// tests build them) over the whole table.
+// Keys are SHA-256 digests, so the hash mixes their first 16 bytes; the
+// multiply spreads keys that differ only there (as tests build them).
 const minIndex = 1 << 10
 
 func hash32(k *store.Key) uint32 {

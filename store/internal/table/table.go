@@ -1,6 +1,5 @@
 // Package table is the bounded map of encoded records that the memory
-// store and the shared stores' local tier (package tier) are built on: its
-// entries, their eviction list and the bytes they are counted for.
+// store and the shared stores' local tier (package tier) are built on.
 package table
 
 import (
@@ -14,17 +13,14 @@ import (
 
 const (
 	sweepInterval = time.Minute
-	// overhead approximates what one record costs beyond its encoded
-	// blob, so max_bytes stays honest for many small records: its slot
-	// (an 88-byte Entry), two to four index words (the index is a quarter
-	// to half full) and the rounding of the blob's allocation.
+	// overhead approximates what a record costs beyond its blob (its slot,
+	// index words, allocation rounding), so max_bytes stays honest.
 	overhead = 128
 	// chunkLen slots are allocated at a time, so that entries never move.
 	chunkLen = 1 << 10
 	none     = -1
-	// MaxEntries is the most entries a table holds, whatever its bound
-	// says: slots are numbered in an int32, and the index packs them with
-	// their hash in one word.
+	// MaxEntries is the most entries a table holds: slots are numbered in
+	// an int32, packed with their hash in one index word.
 	MaxEntries = 1 << 30
 )
 
@@ -33,14 +29,10 @@ var errFull = fmt.Errorf("%w: memory store is full of in-flight claims", store.E
 // Table is a map of records bounded in entries and bytes. Its mutex
 // guards it: every method but Destruct is called with it held.
 //
-// It may hold a hundred thousand records for as long as their TTL, and the
-// GC marks everything they point to on every cycle, while the gateway runs.
-// So a record is kept in the shared codec's encoding, one pointer-free blob
-// the GC never scans; the entries live in slots of a few large arrays,
-// linked by slot number; and the index (index.go) holds slot numbers. Per
-// record, the GC follows one pointer, to the blob, where a Go map of
-// pointers to entries cost it the map's buckets, an object per entry and
-// its links.
+// Its many long-lived records are kept so that the GC follows one pointer
+// per record: each is one pointer-free encoded blob, in slots of a few
+// large arrays linked by slot number, found through an index of slot
+// numbers (index.go).
 type Table struct {
 	sync.Mutex
 	index  []uint64
@@ -57,23 +49,20 @@ type Table struct {
 	stop           chan struct{}
 }
 
-// Entry is one record in a Table: a slot, which stays where it is until
-// the entry is removed, so a pointer to it is good while the table is
-// locked and the entry in it.
+// Entry is one record in a Table: a slot that stays where it is, so a
+// pointer to it is good while the table is locked and the entry in it.
 type Entry struct {
 	Key store.Key
-	// Blob is the encoded record. It is never written once built (a new
-	// blob replaces it), so records decoded from it may alias it, and it
-	// may be decoded outside the lock. Its head tells the state and the
-	// owner, so that ownership is checked without decoding, as the Redis
-	// store's scripts do. A free slot has none.
+	// Blob is the encoded record, never written once built, so records
+	// decoded from it may alias it, and it may be decoded outside the
+	// lock. A free slot has none.
 	Blob store.Encoded
 	// Expires is the end of the lease or TTL, in Unix nanoseconds: a
 	// time.Time would hold a *Location for the GC to follow.
 	Expires int64
 	size    int64
-	// prev and next link the eviction list, once completed, by slot
-	// number; next also links the free slots.
+	// prev and next link the eviction list of completed entries; next
+	// also links the free slots.
 	prev, next int32
 	slot       int32
 }
@@ -81,9 +70,8 @@ type Entry struct {
 // Size is what an entry holding blob counts for against the table's bytes.
 func Size(blob store.Encoded) int64 { return int64(len(blob) + overhead) }
 
-// New returns an empty table of at most maxEntries entries (and never more
-// than MaxEntries) and maxBytes bytes, whose sweeper drops expired entries
-// until Destruct.
+// New returns an empty table of at most maxEntries (and MaxEntries)
+// entries and maxBytes bytes, with a sweeper of expired entries.
 func New(maxEntries int, maxBytes int64) *Table {
 	t := &Table{maxEntries: min(maxEntries, MaxEntries), maxBytes: maxBytes, stop: make(chan struct{})}
 	t.Clear()
@@ -91,7 +79,7 @@ func New(maxEntries int, maxBytes int64) *Table {
 	return t
 }
 
-// Destruct stops the sweeper when the last config using the table is gone.
+// Destruct stops the sweeper.
 func (t *Table) Destruct() error {
 	close(t.stop)
 	return nil
@@ -155,9 +143,8 @@ func (t *Table) drop(e *Entry) {
 	t.n--
 }
 
-// Insert adds k's record, sized for its blob, to the table and returns its
-// entry; a completed record becomes the newest in the eviction list. Room
-// must have been made, and k must have no entry.
+// Insert adds k's record and returns its entry; a completed one becomes
+// the newest to evict. Room must have been made, and k have no entry.
 func (t *Table) Insert(k store.Key, blob store.Encoded, expires int64) *Entry {
 	if len(blob) == 0 {
 		panic("table: inserting an empty blob")
@@ -192,11 +179,10 @@ func (t *Table) takeSlot() *Entry {
 	return e
 }
 
-// Replace gives e, an entry of the table, a new blob and expiry in place:
-// what Remove, MakeRoom and Insert would do, without taking it out. Room
-// is made with e's old blob already uncounted, so that a blob too big for
-// the whole table evicts others rather than failing forever; if room
-// cannot be made, e leaves the table, as it would have been removed.
+// Replace gives e a new blob and expiry in place, as Remove, MakeRoom and
+// Insert would. Room is made with e's old blob uncounted, lest a blob too
+// big for the table fail for ever; if room cannot be made, e leaves the
+// table, as it would have been removed.
 func (t *Table) Replace(e *Entry, blob store.Encoded, expires int64) error {
 	t.uncount(e)
 	if err := t.makeRoom(Size(blob), 0); err != nil {
@@ -208,8 +194,8 @@ func (t *Table) Replace(e *Entry, blob store.Encoded, expires int64) error {
 	return nil
 }
 
-// count adds e, sized for its blob, to the table's bytes and, if
-// completed, to the eviction list as its newest.
+// count adds e to the table's bytes and, if completed, to the eviction
+// list as its newest.
 func (t *Table) count(e *Entry) {
 	e.size = Size(e.Blob)
 	t.bytes += e.size
@@ -248,8 +234,7 @@ func (t *Table) unlink(e *Entry) {
 }
 
 // MakeRoom evicts the oldest completed records until need more bytes and
-// one more entry fit. Claims in flight are never evicted: dropping one
-// would let a duplicate run while its owner still runs.
+// one more entry fit. Claims are never evicted: a duplicate would run too.
 func (t *Table) MakeRoom(need int64) error { return t.makeRoom(need, 1) }
 
 // makeRoom is MakeRoom for need bytes in more entries entries.
@@ -270,8 +255,7 @@ func (t *Table) Clear() {
 	t.oldest, t.newest, t.bytes = none, none, 0
 }
 
-// All yields every entry, expired or not, in no order. The entry yielded
-// may be removed.
+// All yields every entry, expired or not, in no order; it may be removed.
 func (t *Table) All() iter.Seq[*Entry] {
 	return func(yield func(*Entry) bool) {
 		for s := range t.slots {
