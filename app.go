@@ -34,7 +34,8 @@ func init() {
 type App struct {
 	// Options are the defaults, with the directive's option names. A
 	// route's own value wins; flags (required, require_scope,
-	// disable_metrics, store_server_errors) can only be turned on by either.
+	// disable_metrics, store_server_errors, accept_unsealed) can only be
+	// turned on by either.
 	Options
 
 	shared store.Registration
@@ -51,7 +52,7 @@ func (App) CaddyModule() caddy.ModuleInfo {
 // Provision compiles the defaults' fingerprint_ignore pointers, to report
 // a bad one, and loads the shared store, if the defaults name one.
 func (a *App) Provision(ctx caddy.Context) error {
-	if _, err := newPayload(a.Fingerprint, a.FingerprintIgnore, nil); err != nil {
+	if _, err := newPayload(a.Fingerprint, a.FingerprintIgnore, a.FingerprintOnly, nil); err != nil {
 		return fmt.Errorf("idempotency defaults: %w", err)
 	}
 	if a.StoreRaw == nil {
@@ -126,8 +127,20 @@ func (o *Options) inherit(d *Options) {
 			*own = def
 		}
 	}
-	pick(&o.KeyHeader, d.KeyHeader)
+	if o.KeyFrom == nil && o.KeyHeader == "" {
+		o.KeyFrom = d.KeyFrom // the key's place goes whole: not a route's own header
+	}
+	if o.KeyFrom == nil {
+		pick(&o.KeyHeader, d.KeyHeader)
+	}
 	pick(&o.Scope, d.Scope)
+	pick(&o.ScopeChallenge, d.ScopeChallenge)
+	pick(&o.ProblemBase, d.ProblemBase)
+	pick(&o.ExpiryHeader, d.ExpiryHeader)
+	o.ReplayHeaderAlways = o.ReplayHeaderAlways || d.ReplayHeaderAlways
+	if o.MinKeyLength == 0 {
+		o.MinKeyLength = d.MinKeyLength
+	}
 	pick(&o.ForwardKey, d.ForwardKey)
 	pick(&o.Endpoint, d.Endpoint)
 	pick(&o.OnStoreError, d.OnStoreError)
@@ -140,10 +153,13 @@ func (o *Options) inherit(d *Options) {
 		o.Methods = append([]string(nil), d.Methods...)
 	}
 	pick(&o.Fingerprint, d.Fingerprint)
-	if len(o.FingerprintIgnore) == 0 && o.Fingerprint == fingerprintJSON && d.Fingerprint == fingerprintJSON {
+	if len(o.FingerprintIgnore) == 0 && len(o.FingerprintOnly) == 0 && o.Fingerprint == fingerprintJSON && d.Fingerprint == fingerprintJSON {
 		// the pointers go with the mode: a route with a mode of its own
 		// does not take the defaults' pointers for another
 		o.FingerprintIgnore = append([]string(nil), d.FingerprintIgnore...)
+	}
+	if len(o.FingerprintOnly) == 0 && len(o.FingerprintIgnore) == 0 && o.Fingerprint == fingerprintJSON && d.Fingerprint == fingerprintJSON {
+		o.FingerprintOnly = append([]string(nil), d.FingerprintOnly...)
 	}
 	if len(o.ReleaseStatuses) == 0 {
 		o.ReleaseStatuses = append([]int(nil), d.ReleaseStatuses...)
@@ -170,6 +186,7 @@ func (o *Options) inherit(d *Options) {
 	o.RequireScope = o.RequireScope || d.RequireScope
 	o.DisableMetrics = o.DisableMetrics || d.DisableMetrics
 	o.StoreServerErrors = o.StoreServerErrors || d.StoreServerErrors
+	o.AcceptUnsealed = o.AcceptUnsealed || d.AcceptUnsealed
 }
 
 // loadStore loads the store module that the StoreRaw field of holder (a

@@ -27,6 +27,7 @@ type attempt struct {
 	repl  *caddy.Replacer
 	next  caddyhttp.Handler
 	key   store.Key
+	body  *bufferedBody // when read for the key; the caller releases it
 	claim store.Claim
 }
 
@@ -50,7 +51,7 @@ func (a *attempt) storeFailed(err error) error {
 		// The request ran once already: it is not run again, and the
 		// response is not replayed. Nothing was claimed.
 		h.metrics.unreadable(u.reason)
-		h.logger.Error("the stored response cannot be opened with the configured encryption_keys; refusing the request without running it again",
+		h.logger.Error("the stored response cannot be read: "+u.Error()+"; refusing the request without running it again",
 			zap.String("key_hash", a.key.String()), zap.String("reason", u.reason),
 			zap.String("key_id", u.keyID), zap.Strings("configured_key_ids", h.keys.ids()))
 		return a.refuse(problemUnreadable)
@@ -79,20 +80,30 @@ func (a *attempt) storeFailed(err error) error {
 // died.
 func (a *attempt) run(tookOver bool) (err error) {
 	h := a.h
-	a.result(resultNew)
 	if tookOver {
 		h.metrics.tookOver()
+		if h.OnUnknownOutcome == unknownKeep {
+			// At most once: the dead owner's request may have been carried
+			// out, so this one is its unknown outcome, not a second run.
+			defer store.SignalEnd(a.key)
+			a.keepUnknown(detached(a.r.Context()), "took over the claim of a request whose owner died while it ran", nil)
+			return a.refuse(problemOutcomeUnknown)
+		}
 		h.logger.Info("took over the claim of a request whose lease passed; running it again",
 			zap.String("key_hash", a.key.String()))
 	}
+	a.result(resultNew)
 	rw := newRecorder(a.w, h.MaxResponseBody)
 	defer rw.free()
+	if h.marksFirst() {
+		rw.marks = h
+	}
 	h.metrics.claimHeld(1)
 	defer h.metrics.claimHeld(-1)
 	if h.OnUnknownOutcome == unknownKeep && markEarlierUpstream(a.repl) {
 		defer unmarkEarlierUpstream(a.repl)
 	}
-	lease, ctx := h.leases.start(a.r.Context(), a.key, a.claim.Token)
+	lease, ctx := h.leases.start(a.r.Context(), a.key, a.claim.Token, a.claim.CreatedAt)
 	after := detached(a.r.Context())
 	// A panic (reverse_proxy's ErrAbortHandler when the client is gone)
 	// still ends the claim, and goes on up.
@@ -237,6 +248,9 @@ func (a *attempt) retryLater(parent context.Context, op func(context.Context) er
 	select {
 	case background <- struct{}{}:
 	default:
+		a.h.logger.Warn("no background slot to retry the store call: the claim expires by its lease instead",
+			zap.String("key_hash", a.key.String()), zap.Int("slots", cap(background)))
+		a.h.metrics.retrySkipped()
 		return
 	}
 	lease := a.h.lease

@@ -18,11 +18,16 @@ import (
 //		methods           <METHOD...>
 //		required
 //		scope             <template>
-//		require_scope
+//		key_from          header <name> | query <name> | json <pointer>
+//		problem_base      <uri>
+//		expiry_header     <name>
+//		min_key_length    <n>
+//		require_scope [<challenge>]
 //		forward_key       <header>
 //		endpoint          <template...>
 //		fingerprint       body | json | none
 //		fingerprint_ignore <json-pointer...>
+//		fingerprint_only   <json-pointer...>
 //		fingerprint_headers <name...>
 //		ttl               <duration>
 //		lock_timeout      <duration>
@@ -33,9 +38,10 @@ import (
 //		on_unknown_outcome release | keep
 //		store_server_errors
 //		release_statuses  <status...>
-//		replay_header     <name>
+//		replay_header     <name> [always]
 //		disable_metrics
 //		encryption_keys   <key...>
+//		accept_unsealed
 //		store             <module> [{ ... }]
 //	}
 //
@@ -48,13 +54,27 @@ func (o *Options) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		switch opt {
 		case "key_header":
 			o.KeyHeader, err = cfarg.One(d, opt)
+		case "key_from":
+			err = o.unmarshalKeyFrom(d, opt)
 		case "replay_header":
-			o.ReplayHeader, err = cfarg.One(d, opt)
+			args := d.RemainingArgs()
+			switch {
+			case len(args) == 2 && args[1] == "always":
+				o.ReplayHeaderAlways = true
+			case len(args) != 1:
+				return d.Errf("%s: want <name> [always]", opt)
+			}
+			o.ReplayHeader = args[0]
+		case "expiry_header":
+			o.ExpiryHeader, err = cfarg.One(d, opt)
+		case "problem_base":
+			o.ProblemBase, err = cfarg.One(d, opt)
 		case "scope":
 			o.Scope, err = cfarg.One(d, opt)
 		case "require_scope":
-			err = cfarg.Flag(d, opt)
+			// The rest of the line, if any, is the 401's challenge.
 			o.RequireScope = true
+			o.ScopeChallenge = strings.Join(d.RemainingArgs(), " ")
 		case "forward_key":
 			o.ForwardKey, err = cfarg.One(d, opt)
 		case "endpoint":
@@ -67,6 +87,8 @@ func (o *Options) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			o.Fingerprint, err = cfarg.OneOf(d, opt, fingerprintBody, fingerprintJSON, fingerprintNone)
 		case "fingerprint_ignore":
 			o.FingerprintIgnore, err = cfarg.List(d, opt)
+		case "fingerprint_only":
+			o.FingerprintOnly, err = cfarg.List(d, opt)
 		case "fingerprint_headers":
 			o.FingerprintHeaders, err = cfarg.List(d, opt)
 		case "methods":
@@ -81,6 +103,8 @@ func (o *Options) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			o.TTL, err = cfarg.Duration(d, opt, true)
 		case "lock_timeout":
 			o.LockTimeout, err = cfarg.Duration(d, opt, true)
+		case "min_key_length":
+			o.MinKeyLength, err = cfarg.Count(d, opt, true)
 		case "max_request_body":
 			o.MaxRequestBody, err = cfarg.Size(d, opt, maxBodyLimit)
 		case "max_response_body":
@@ -99,6 +123,9 @@ func (o *Options) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "encryption_keys":
 			// checked at provision, once placeholders are resolved
 			o.EncryptionKeys, err = cfarg.List(d, opt)
+		case "accept_unsealed":
+			err = cfarg.Flag(d, opt)
+			o.AcceptUnsealed = true
 		case "store":
 			err = o.unmarshalStore(d)
 		default:
@@ -162,4 +189,24 @@ func unmarshalStatuses(d *caddyfile.Dispenser, opt string) ([]int, error) {
 		statuses[i] = status
 	}
 	return statuses, nil
+}
+
+// unmarshalKeyFrom reads key_from header|query|json <name or pointer>;
+// key_from header is key_header.
+func (o *Options) unmarshalKeyFrom(d *caddyfile.Dispenser, opt string) error {
+	args := d.RemainingArgs()
+	if len(args) != 2 {
+		return d.Errf("%s: want header <name>, query <name> or json <pointer>", opt)
+	}
+	switch args[0] {
+	case "header":
+		o.KeyHeader = args[1]
+	case "query":
+		o.KeyFrom = &KeyFrom{Query: args[1]}
+	case "json":
+		o.KeyFrom = &KeyFrom{JSON: args[1]}
+	default:
+		return d.Errf("%s: unknown source '%s': want header, query or json", opt, args[0])
+	}
+	return nil
 }

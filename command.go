@@ -15,6 +15,7 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
 
 	"github.com/caddyserver/caddy/v2"
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
@@ -203,7 +204,7 @@ func (o *cliOptions) inspect(ctx context.Context, ref keyRef) error {
 	row("store", info.Store)
 	row("key", info.Key)
 	row("state", info.State)
-	row("endpoint", info.Endpoint)
+	row("endpoint", printable(info.Endpoint))
 	answered := info.State == "completed" && !info.OutcomeUnknown
 	if answered {
 		row("status", strconv.Itoa(info.Status))
@@ -263,7 +264,7 @@ func (o *cliOptions) stuck(ctx context.Context, olderThan string, limit int) err
 		if c.ExpiresAt != nil {
 			lease = shortDuration(c.ExpiresIn)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", c.Key, shortDuration(c.Age), lease, c.Endpoint)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", c.Key, shortDuration(c.Age), lease, printable(c.Endpoint))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -413,4 +414,35 @@ func yesNo(b bool) string {
 		return "yes"
 	}
 	return "no (its response was over max_response_body or broke off: retries get 409)"
+}
+
+// printable is s for a terminal: the endpoint is what a client sent, and
+// control and format characters (escape sequences, a carriage return,
+// bidirectional overrides) would act on the operator's terminal. They, and
+// the backslash that would make an escape ambiguous, are written as Go
+// escapes.
+func printable(s string) string {
+	clean := true
+	for _, r := range s {
+		if r == '\\' || !unicode.IsPrint(r) {
+			clean = false
+			break
+		}
+	}
+	if clean {
+		return s
+	}
+	var b strings.Builder
+	for _, r := range s {
+		switch {
+		case r == '\\':
+			b.WriteString(`\\`)
+		case unicode.IsPrint(r):
+			b.WriteRune(r)
+		default:
+			q := strconv.QuoteRune(r) // '\x1b', '\u202e'
+			b.WriteString(q[1 : len(q)-1])
+		}
+	}
+	return b.String()
 }

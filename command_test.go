@@ -420,3 +420,24 @@ http://localhost:9718 {
 		t.Fatalf("purge log entry %v, want the key hash and the caller's address\n%s", purge, log)
 	}
 }
+
+// The stored endpoint is what a client sent: printed raw, a path holding
+// an escape sequence would drive the operator's terminal.
+func TestCommandEscapesControlBytes(t *testing.T) {
+	mem := openMemory(t)
+	admin := cliServer(t, store.Registration{Name: "orders", Module: "memory", Store: mem})
+	ctx := context.Background()
+	k := store.NewKey("", "evil")
+	endpoint := "POST h/\x1b[2J\x1b]0;owned\x07\r\n\u009b31m\u202e/x\\y"
+	c := &store.Claim{Token: store.Token{3}, Lease: time.Minute, Endpoint: endpoint, CreatedAt: time.Now()}
+	if got, err := mem.Acquire(ctx, k, c); got.Record != nil || err != nil {
+		t.Fatal(got.Record, err)
+	}
+	for _, args := range [][]string{{"stuck", admin, "--older-than=0s"}, {"inspect", admin, "evil"}} {
+		out := mustCLI(t, args...)
+		if strings.ContainsAny(out, "\x1b\x07\r\u009b\u202e") {
+			t.Errorf("%s printed control bytes: %q", args[0], out)
+		}
+		wantContains(t, out, `POST h/\x1b[2J\x1b]0;owned\a\r\n\u009b31m\u202e/x\\y`)
+	}
+}

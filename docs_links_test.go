@@ -60,7 +60,7 @@ func TestDocsLinks(t *testing.T) {
 			}
 		}
 	}
-	probs := newProblems("Idempotency-Key", 1)
+	probs := newProblems(defaultProblemBase, &keySource{header: "Idempotency-Key", where: "the Idempotency-Key request header", what: "The Idempotency-Key header"}, 1, 1)
 	for _, p := range probs {
 		anchor := strings.TrimPrefix(p.typ, docsURL)
 		if !anchorsOf("README.md")[anchor] {

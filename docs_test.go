@@ -410,6 +410,8 @@ func jsonType(expr ast.Expr, tag reflect.StructTag) (string, error) {
 		return "array of integers", nil
 	case "caddy.Duration":
 		return "duration", nil
+	case "*KeyFrom":
+		return "object: `{\"query\": <name>}` or `{\"json\": <pointer>}`", nil
 	case "json.RawMessage":
 		ns := ""
 		for _, kv := range strings.Fields(tag.Get("caddy")) {

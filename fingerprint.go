@@ -3,6 +3,7 @@ package idempotency
 import (
 	"crypto/sha256"
 	"encoding/binary"
+	"fmt"
 	"hash"
 	"net/http"
 	"net/textproto"
@@ -45,13 +46,20 @@ var fingerprintModes = map[string]fingerprintMode{
 type payload struct {
 	mode    fingerprintMode
 	ignore  *canonjson.Ignore // json mode's fingerprint_ignore; nil when none
+	only    [][]string        // json mode's fingerprint_only pointers; nil when none
 	headers []string          // fingerprint_headers, canonical, sorted, each once
 }
 
 // newPayload compiles the json mode's fingerprint_ignore, and sorts and
 // dedupes the header names so that their order or case does not matter.
-func newPayload(mode string, ignore, headers []string) (payload, error) {
+func newPayload(mode string, ignore, only, headers []string) (payload, error) {
 	p := payload{mode: fingerprintModes[mode]}
+	if p.mode == modeJSON && len(only) > 0 {
+		var err error
+		if p.only, err = compileOnly(only); err != nil {
+			return p, fmt.Errorf("fingerprint_only: %w", err)
+		}
+	}
 	if p.mode == modeJSON && len(ignore) > 0 {
 		var err error
 		if p.ignore, err = canonjson.Compile(ignore); err != nil {
@@ -71,7 +79,8 @@ func newPayload(mode string, ignore, headers []string) (payload, error) {
 // another's, across modes too:
 //
 //	body mode: layout word, headers, query, body
-//	json mode: layout word, headers, query (params or raw), body (canonical or raw)
+//	json mode: layout word, headers, query (params or raw), body (canonical,
+//	           the selected values of fingerprint_only, or raw)
 //	none mode: layout word, headers
 //	headers:   count; per name: name, count of lines, each line
 //	params:    count; per parameter: name, value (decoded)
@@ -108,7 +117,12 @@ func (p *payload) of(r *http.Request, b []byte) store.Fingerprint {
 	switch p.mode {
 	case modeJSON:
 		d.query(r.URL.RawQuery)
-		if !canonjson.Write((*canonicalBody)(d), b, p.ignore) {
+		if p.only != nil {
+			if !d.selected(b, p.only) {
+				d.tag(tagRawBody)
+				d.field(b)
+			}
+		} else if !canonjson.Write((*canonicalBody)(d), b, p.ignore) {
 			d.tag(tagRawBody)
 			d.field(b)
 		}

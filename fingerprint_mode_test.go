@@ -243,8 +243,8 @@ func TestFingerprintHeaders(t *testing.T) {
 // The names are canonical, sorted and listed once, so their order and
 // case in the config do not change fingerprints.
 func TestFingerprintHeaderNamesCanonical(t *testing.T) {
-	a, _ := newPayload("body", nil, []string{"x-account-id", "Content-Type", "X-ACCOUNT-ID"})
-	b, _ := newPayload("body", nil, []string{"content-type", "X-Account-Id"})
+	a, _ := newPayload("body", nil, nil, []string{"x-account-id", "Content-Type", "X-ACCOUNT-ID"})
+	b, _ := newPayload("body", nil, nil, []string{"content-type", "X-Account-Id"})
 	if strings.Join(a.headers, ",") != "Content-Type,X-Account-Id" || strings.Join(b.headers, ",") != strings.Join(a.headers, ",") {
 		t.Fatalf("headers %q and %q", a.headers, b.headers)
 	}

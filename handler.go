@@ -16,7 +16,10 @@ import (
 // store's answer calls for. The key is validated before anything touches
 // the store.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	values := r.Header[h.keyField]
+	var values []string
+	if !h.key.fromBody() {
+		values = h.key.values(r, nil)
+	}
 	if h.forwardKeyField != "" {
 		// Only the handler sets it (forwardKey); read after the key, which
 		// it may name.
@@ -26,11 +29,34 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return next.ServeHTTP(w, r)
 	}
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	if h.key.fromBody() {
+		return h.serveBodyKey(w, r, next, repl)
+	}
+	return h.serveKey(w, r, next, repl, values, nil)
+}
+
+// serveBodyKey reads the body first, for the key it holds.
+func (h *Handler) serveBodyKey(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer) error {
+	body, tooLarge, err := readBody(r, h.MaxRequestBody)
+	switch {
+	case err != nil:
+		return caddyhttp.Error(http.StatusBadRequest, err)
+	case tooLarge:
+		a := &attempt{h: h, w: w, r: r, repl: repl, next: next}
+		return a.refuse(problemTooLarge)
+	}
+	defer body.release()
+	return h.serveKey(w, r, next, repl, h.key.values(r, body.contents()), body)
+}
+
+// serveKey checks the key's values and the scope, and claims the key;
+// body is the request's buffered body, if it was read for the key.
+func (h *Handler) serveKey(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, values []string, body *bufferedBody) error {
 	if len(values) == 0 && !h.Required {
 		h.metrics.publish(repl, resultBypass)
 		return next.ServeHTTP(w, r)
 	}
-	a := &attempt{h: h, w: w, r: r, repl: repl, next: next}
+	a := &attempt{h: h, w: w, r: r, repl: repl, next: next, body: body}
 	switch {
 	case len(values) == 0:
 		return a.refuse(problemMissingKey)
@@ -38,7 +64,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return a.refuse(problemRepeatedKey)
 	}
 	clientKey, ok := parseKey(values[0])
-	if !ok {
+	if !ok || len(clientKey) < h.MinKeyLength {
 		return a.refuse(problemInvalidKey)
 	}
 	scope, ok := h.scope.of(repl)
@@ -60,8 +86,8 @@ func (a *attempt) claimKey() error {
 	h.holds.Take(h.lease)
 	defer h.holds.Give()
 
-	var body *bufferedBody
-	if h.payload.mode != modeNone { // else the body streams on, unread
+	body := a.body
+	if body == nil && h.payload.mode != modeNone { // else the body streams on, unread
 		var tooLarge bool
 		var err error
 		if body, tooLarge, err = readBody(r, h.MaxRequestBody); err != nil {
@@ -83,6 +109,7 @@ func (a *attempt) claimKey() error {
 		Fingerprint: h.payload.of(r, body.contents()),
 		CreatedAt:   time.Now(),
 		Lease:       h.lease,
+		TTL:         h.ttl,
 	}
 	got, err := h.store.Acquire(r.Context(), a.key, &a.claim)
 	switch rec := got.Record; {

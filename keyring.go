@@ -106,15 +106,18 @@ func (r *keyring) byID(id [keyIDLen]byte) (sealKey, bool) {
 //	5      the response body's size, a uvarint (inspect shows it)
 //	then   the nonce, and the ciphertext of header and body (record codec)
 //
-// The associated data binds the ciphertext to the key hash, the status and
-// the head: a record copied to another key, or given another status, fails.
+// The associated data (sealAAD) binds the ciphertext to the key hash and to
+// the record's clear fields: a record copied to another key, or changed in
+// any of them, fails.
 const (
 	sealFormat = 1
 	keyIDLen   = 4
 )
 
-// seal returns resp with its headers and body sealed with the first key.
-func (r *keyring) seal(k store.Key, resp *store.Response) (*store.Response, error) {
+// seal returns resp with its headers and body sealed with the first key,
+// bound to k and to c's endpoint and fingerprint, which the store keeps
+// beside it.
+func (r *keyring) seal(k store.Key, c *store.Claim, resp *store.Response) (*store.Response, error) {
 	key := r.keys[0]
 	head := append([]byte{sealFormat}, key.raw[:]...)
 	head = binary.AppendUvarint(head, uint64(len(resp.Body)))
@@ -126,8 +129,11 @@ func (r *keyring) seal(k store.Key, resp *store.Response) (*store.Response, erro
 		return nil, fmt.Errorf("sealing the response: %w", err)
 	}
 	plain := store.AppendRecord(nil, &store.Record{State: store.Completed, Response: store.Response{Header: resp.Header, Body: resp.Body}})
-	body := key.aead.Seal(buf, nonce, plain, sealAAD(k, resp.Status, head))
-	return &store.Response{Status: resp.Status, Body: body, Sealed: true}, nil
+	out := &store.Response{Status: resp.Status, Sealed: true}
+	// the record as the store keeps it, and open sees it
+	stored := store.Record{State: store.Completed, Endpoint: c.Endpoint, Fingerprint: c.Fingerprint, Response: *out}
+	out.Body = key.aead.Seal(buf, nonce, plain, sealAAD(k, &stored, head))
+	return out, nil
 }
 
 // open returns rec with the headers and body sealed in its body.
@@ -147,7 +153,7 @@ func (r *keyring) open(k store.Key, rec *store.Record) (*store.Record, error) {
 	if len(sealed) < nonceLen+key.aead.Overhead() {
 		return nil, &unreadableRecord{reason: "malformed", keyID: hexID}
 	}
-	plain, err := key.aead.Open(nil, sealed[:nonceLen], sealed[nonceLen:], sealAAD(k, rec.Status, head))
+	plain, err := key.aead.Open(nil, sealed[:nonceLen], sealed[nonceLen:], sealAAD(k, rec, head))
 	if err != nil {
 		return nil, &unreadableRecord{reason: "authentication", keyID: hexID}
 	}
@@ -183,9 +189,28 @@ func bodySize(rec *store.Record) int {
 	return len(rec.Body)
 }
 
-func sealAAD(k store.Key, status int, head []byte) []byte {
-	aad := make([]byte, 0, len(k)+2+len(head))
+// sealAAD is the associated data of a sealed record: its key hash and all
+// that the record keeps in the clear (status, state and flags, fingerprint,
+// endpoint, the envelope's head), so that none of it changes unseen. The
+// handler compares endpoint and fingerprint with the request's, but in the
+// store they could be changed to match another request's.
+func sealAAD(k store.Key, rec *store.Record, head []byte) []byte {
+	var flags byte
+	if rec.Truncated {
+		flags |= 1
+	}
+	if rec.OutcomeUnknown {
+		flags |= 2
+	}
+	if rec.Sealed {
+		flags |= 4
+	}
+	aad := make([]byte, 0, len(k)+4+len(rec.Fingerprint)+binary.MaxVarintLen64+len(rec.Endpoint)+len(head))
 	aad = append(aad, k[:]...)
-	aad = binary.BigEndian.AppendUint16(aad, uint16(status))
+	aad = binary.BigEndian.AppendUint16(aad, uint16(rec.Status))
+	aad = append(aad, byte(rec.State), flags)
+	aad = append(aad, rec.Fingerprint[:]...)
+	aad = binary.AppendUvarint(aad, uint64(len(rec.Endpoint))) // so that endpoint and head cannot trade bytes
+	aad = append(aad, rec.Endpoint...)
 	return append(aad, head...)
 }

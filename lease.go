@@ -62,10 +62,13 @@ func newLeases(s store.Store, lease time.Duration, m *metrics, logger *zap.Logge
 
 // start registers a request that just claimed its key, and returns its
 // work's context: the request's values, not its cancellation. Call stop.
-func (l *leases) start(client context.Context, key store.Key, tok store.Token) (*run, context.Context) {
+// The lease is counted from sent, when the claim went to the store: the
+// store's lease began when the claim reached it, before its reply came
+// back, and a reply slow by most of a lease must not push the first
+// renewal past the store's lease.
+func (l *leases) start(client context.Context, key store.Key, tok store.Token, sent time.Time) (*run, context.Context) {
 	ctx, cancel := context.WithCancel(context.WithoutCancel(client))
-	now := time.Now()
-	r := &run{key: key, token: tok, client: client, cancel: cancel, claimedAt: now, held: now.Add(l.lease)}
+	r := &run{key: key, token: tok, client: client, cancel: cancel, claimedAt: sent, held: sent.Add(l.lease)}
 	l.mu.Lock()
 	r.next = l.head
 	if l.head != nil {

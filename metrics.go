@@ -20,6 +20,8 @@ var collectors struct {
 	waiting    prometheus.Gauge
 	storeErrs  *prometheus.CounterVec
 	unreadable *prometheus.CounterVec
+	// retriesSkipped counts the background retries not started for want of a slot.
+	retriesSkipped prometheus.Counter
 }
 
 func initCollectors() {
@@ -37,13 +39,15 @@ func initCollectors() {
 	collectors.storeErrs = prometheus.NewCounterVec(prometheus.CounterOpts(opts("store_errors_total",
 		"Idempotency store operations that failed because the store was unavailable.")), []string{"store", "operation"})
 	collectors.unreadable = prometheus.NewCounterVec(prometheus.CounterOpts(opts("unreadable_records_total",
-		"Stored responses refused because no configured encryption key opens them (unknown_key), they fail authentication (authentication) or are malformed.")), []string{"reason"})
+		"Stored responses refused because no configured encryption key opens them (unknown_key), they fail authentication (authentication), are malformed, or are not sealed although keys are configured (unsealed).")), []string{"reason"})
 	collectors.inFlight = prometheus.NewGauge(prometheus.GaugeOpts(opts("in_flight_claims",
 		"Claims held by requests running in this process.")))
 	collectors.renewals = prometheus.NewCounter(prometheus.CounterOpts(opts("lease_renewals_total",
 		"Lease renewals of claims held by long-running requests.")))
 	collectors.takeovers = prometheus.NewCounter(prometheus.CounterOpts(opts("lease_takeovers_total",
 		"Claims that took over a dead owner's claim after its lease passed (memory, file and postgres stores; Redis expires such claims by itself and cannot tell).")))
+	collectors.retriesSkipped = prometheus.NewCounter(prometheus.CounterOpts(opts("background_retries_skipped_total",
+		"Store calls that a request left to retry in the background (storing its response, withdrawing its claim) but that were not started because every background slot was busy; their claims expire by their lease.")))
 	collectors.waiting = prometheus.NewGauge(prometheus.GaugeOpts(opts("waiting_duplicates",
 		"Duplicates waiting for the first request with their key (on_conflict wait).")))
 }
@@ -56,12 +60,13 @@ type metrics struct {
 func newMetrics(reg *prometheus.Registry) (*metrics, error) {
 	collectors.once.Do(initCollectors)
 	for _, c := range []prometheus.Collector{collectors.requests, collectors.storeOps, collectors.storeErrs,
-		collectors.inFlight, collectors.renewals, collectors.takeovers, collectors.waiting, collectors.unreadable} {
+		collectors.inFlight, collectors.renewals, collectors.takeovers, collectors.waiting, collectors.unreadable,
+		collectors.retriesSkipped} {
 		if err := reg.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
 			return nil, err
 		}
 	}
-	for _, reason := range []string{"unknown_key", "authentication", "malformed"} {
+	for _, reason := range []string{"unknown_key", "authentication", "malformed", "unsealed"} {
 		collectors.unreadable.WithLabelValues(reason) // exported at 0, so rules see the first
 	}
 	m := new(metrics)
@@ -90,6 +95,7 @@ func (m *metrics) claimHeld(delta float64) { m.add(collectors.inFlight, delta) }
 func (m *metrics) renewed()                { m.add(collectors.renewals, 1) }
 func (m *metrics) tookOver()               { m.add(collectors.takeovers, 1) }
 func (m *metrics) waiter(delta float64)    { m.add(collectors.waiting, delta) }
+func (m *metrics) retrySkipped()           { m.add(collectors.retriesSkipped, 1) }
 
 func (m *metrics) unreadable(reason string) {
 	if m != nil {

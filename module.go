@@ -41,13 +41,14 @@ type Handler struct {
 	Options
 
 	// The store as the requests use it: sealed, observed.
-	store    store.Store
-	notifier store.Notifier // the store, if it wakes waiters across instances
-	holds    *store.Holds   // the store's, which keep it open for our requests
-	logger   *zap.Logger
-	lease    time.Duration // LockTimeout
-	ttl      time.Duration // TTL
-	keyField string        // canonical form of KeyHeader, to index the header map
+	store       store.Store
+	notifier    store.Notifier // the store, if it wakes waiters across instances
+	holds       *store.Holds   // the store's, which keep it open for our requests
+	logger      *zap.Logger
+	lease       time.Duration // LockTimeout
+	expiryField string        // canonical ExpiryHeader; empty when off
+	ttl         time.Duration // TTL
+	key         keySource     // where the key is read
 	// forwardKeyField is the canonical form of ForwardKey; empty when off.
 	forwardKeyField string
 	scope           *scope
@@ -95,14 +96,20 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.setDefaults()
 	h.lease, h.ttl = time.Duration(h.LockTimeout), time.Duration(h.TTL)
-	h.keyField = textproto.CanonicalMIMEHeaderKey(h.KeyHeader)
+	if h.key, err = newKeySource(textproto.CanonicalMIMEHeaderKey(h.KeyHeader), h.KeyFrom); err != nil {
+		return err
+	}
 	h.ReplayHeader = textproto.CanonicalMIMEHeaderKey(h.ReplayHeader)
+	if h.ExpiryHeader != "" {
+		h.expiryField = textproto.CanonicalMIMEHeaderKey(h.ExpiryHeader)
+	}
 	if h.ForwardKey != "" {
 		h.forwardKeyField = textproto.CanonicalMIMEHeaderKey(h.ForwardKey)
 	}
 	h.scope = newScope(h.Scope, h.RequireScope, h.logger)
-	h.problems = newProblems(h.KeyHeader, h.MaxRequestBody)
-	if h.payload, err = newPayload(h.Fingerprint, h.FingerprintIgnore, h.FingerprintHeaders); err != nil {
+	h.problems = newProblems(h.ProblemBase, &h.key, h.MinKeyLength, h.MaxRequestBody)
+	h.problems[problemMissingScope].challenge = []string{h.ScopeChallenge}
+	if h.payload, err = newPayload(h.Fingerprint, h.FingerprintIgnore, h.FingerprintOnly, h.FingerprintHeaders); err != nil {
 		return err
 	}
 	if h.keys, err = newKeyring(h.EncryptionKeys); err != nil {
@@ -126,12 +133,19 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			return err
 		}
 	}
+	// Beside the body, a record holds its head, the bounded endpoint and
+	// the headers: recordHeadroom is room for common ones.
+	const recordHeadroom = 16 << 10
+	if l, ok := s.Store.(store.RecordLimit); ok && h.MaxResponseBody+recordHeadroom > l.MaxRecordBytes() {
+		return fmt.Errorf("store %q keeps records of at most %d bytes, as its max_bytes sets: too few for a response of max_response_body (%d bytes) with its headers; raise max_bytes or lower max_response_body",
+			s.Name, l.MaxRecordBytes(), h.MaxResponseBody)
+	}
 	h.notifier, _ = s.Store.(store.Notifier)
 	h.holds = store.HoldsOf(s.Store)
 	// Sealing is innermost, with or without keys, so that a sealed record
 	// is never replayed as it is stored; the observer times and traces
 	// the store calls.
-	h.store = observe(sealStore(s.Store, h.keys), s, !h.DisableMetrics)
+	h.store = observe(sealStore(s.Store, h.keys, h.AcceptUnsealed), s, !h.DisableMetrics)
 	h.leases = newLeases(h.store, h.lease, h.metrics, h.logger)
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/url"
 	"strings"
 	"time"
 
@@ -17,6 +18,7 @@ const (
 	defaultScope        = "{http.auth.user.id}"
 	defaultTTL          = 24 * time.Hour
 	defaultLockTimeout  = 30 * time.Second
+	defaultProblemBase  = "https://github.com/caddy-idempotency/caddy-idempotency"
 	defaultMaxBody      = 1 << 20
 	defaultReplayHeader = "Idempotent-Replayed"
 	failClosed          = "fail_closed"
@@ -48,6 +50,10 @@ type Options struct {
 	// Default: Idempotency-Key.
 	KeyHeader string `json:"key_header,omitempty"`
 
+	// KeyFrom reads the key from a query parameter or a JSON body instead
+	// of KeyHeader. The Caddyfile's key_from header <name> is key_header.
+	KeyFrom *KeyFrom `json:"key_from,omitempty"`
+
 	// Methods are the request methods made idempotent; requests with other
 	// methods pass through untouched, even if they carry a key.
 	// Default: POST, PATCH.
@@ -68,6 +74,39 @@ type Options struct {
 	// every other such request: behind forward_auth, or a header that a
 	// request lacks. Without it, the first empty scope is logged.
 	RequireScope bool `json:"require_scope,omitempty"`
+
+	// ScopeChallenge is the WWW-Authenticate challenge of require_scope's
+	// 401, which RFC 9110 requires of every 401: the scheme the route's
+	// authentication uses, such as Basic realm="payments". Default: Bearer.
+	ScopeChallenge string `json:"scope_challenge,omitempty"`
+
+	// ProblemBase is the URI of the idempotency documentation the
+	// problems' type points into: a problem's type is ProblemBase#anchor
+	// (#key-reused, #outstanding, ...), so that an API team sends its
+	// clients to its own error docs (the IETF draft asks that the error link
+	// to them). An absolute URI without a fragment. Default:
+	// https://github.com/caddy-idempotency/caddy-idempotency (this module's
+	// README).
+	ProblemBase string `json:"problem_base,omitempty"`
+
+	// ReplayHeaderAlways marks first answers too, with ReplayHeader:
+	// false, so that a client tells a fresh run from a replay without
+	// knowing that the header's absence means one. Caddyfile:
+	// replay_header <name> always.
+	ReplayHeaderAlways bool `json:"replay_header_always,omitempty"`
+
+	// ExpiryHeader names a response header that tells, as an HTTP-date,
+	// when the key's record expires: on every answer that has a record,
+	// the first one (now plus ttl, when the answer is to be stored) and
+	// every replay (the stored record's own expiry, not now plus ttl). Off
+	// by default.
+	ExpiryHeader string `json:"expiry_header,omitempty"`
+
+	// MinKeyLength is the shortest key accepted, in characters (of the
+	// key's value, without the quotes of its quoted form); a shorter one
+	// gets the invalid-key 400. The IETF draft asks for keys with enough
+	// entropy to be unique: a UUID has 36. From 1 to 255. Default: 1.
+	MinKeyLength int `json:"min_key_length,omitempty"`
 
 	// ForwardKey names a request header set, for the handlers that follow
 	// (the upstream), to the scoped key hash ({http.idempotency.key}) on
@@ -103,6 +142,15 @@ type Options struct {
 	// element of an array and every member of an object: /sent_at,
 	// /meta/trace_id, /items/*/client_ts. Requires fingerprint json.
 	FingerprintIgnore []string `json:"fingerprint_ignore,omitempty"`
+
+	// FingerprintOnly lists the only values that make the json
+	// fingerprint, as RFC 6901 pointers with * as in fingerprint_ignore:
+	// /amount, /currency, /items/*/sku. The complement of
+	// fingerprint_ignore (the IETF draft's "selected elements"): the
+	// rest of the body may change between retries. An absent member counts
+	// as absent, not as null. Requires fingerprint json; not with
+	// fingerprint_ignore.
+	FingerprintOnly []string `json:"fingerprint_only,omitempty"`
 
 	// FingerprintHeaders are request headers that count in the fingerprint,
 	// in every mode, such as Content-Type or X-Account-Id: the same body
@@ -185,6 +233,15 @@ type Options struct {
 	// stored response that none opens is refused with 500, never run again.
 	EncryptionKeys []string `json:"encryption_keys,omitempty"`
 
+	// AcceptUnsealed replays the stored responses that are not sealed,
+	// as they are stored, for the migration to encryption_keys: turn the
+	// keys on with it, and remove it once one ttl has passed. Without it,
+	// a handler with encryption_keys refuses such a response with 500 and
+	// does not run the request again, since a response it did not seal
+	// may have been planted by anyone who can write to the store.
+	// Requires encryption_keys.
+	AcceptUnsealed bool `json:"accept_unsealed,omitempty"`
+
 	// StoreRaw is the store backend, a module in the
 	// http.idempotency.stores namespace. Default: memory.
 	StoreRaw json.RawMessage `json:"store,omitempty" caddy:"namespace=http.idempotency.stores inline_key=module"`
@@ -194,6 +251,15 @@ type Options struct {
 func (o *Options) setDefaults() {
 	if o.KeyHeader == "" {
 		o.KeyHeader = defaultKeyHeader
+	}
+	if o.ScopeChallenge == "" {
+		o.ScopeChallenge = "Bearer"
+	}
+	if o.ProblemBase == "" {
+		o.ProblemBase = defaultProblemBase
+	}
+	if o.MinKeyLength == 0 {
+		o.MinKeyLength = 1
 	}
 	if len(o.Methods) == 0 {
 		o.Methods = append([]string(nil), defaultMethods...)
@@ -249,10 +315,25 @@ func (o *Options) setDefaults() {
 func (o *Options) check() error {
 	for _, h := range []struct{ opt, name string }{
 		{"key_header", o.KeyHeader}, {"forward_key", o.ForwardKey}, {"replay_header", o.ReplayHeader},
+		{"expiry_header", o.ExpiryHeader},
 	} {
 		if h.name != "" && !validToken(h.name) {
 			return fmt.Errorf("%s: invalid header name %q", h.opt, h.name)
 		}
+	}
+	if f := o.KeyFrom; f != nil {
+		switch {
+		case (f.Query == "") == (f.JSON == ""):
+			return fmt.Errorf("key_from: name one of query and json, got %+v", *f)
+		case o.KeyHeader != defaultKeyHeader && o.KeyHeader != "":
+			return fmt.Errorf("key_from and key_header name two places for the key: choose one")
+		}
+	}
+	if u, err := url.Parse(o.ProblemBase); o.ProblemBase != "" && (err != nil || !u.IsAbs() || u.Fragment != "" || strings.Contains(o.ProblemBase, "#")) {
+		return fmt.Errorf("problem_base: want an absolute URI without a fragment, got %q", o.ProblemBase)
+	}
+	if strings.ContainsFunc(o.ScopeChallenge, func(r rune) bool { return r < ' ' || r == 0x7f }) {
+		return fmt.Errorf("require_scope: the challenge %q holds a control character", o.ScopeChallenge)
 	}
 	for _, m := range o.Methods {
 		if !validToken(m) {
@@ -263,6 +344,12 @@ func (o *Options) check() error {
 	case "", fingerprintBody, fingerprintJSON, fingerprintNone:
 	default:
 		return fmt.Errorf("fingerprint: want body, json or none, got %q", o.Fingerprint)
+	}
+	if len(o.FingerprintOnly) > 0 && o.Fingerprint != fingerprintJSON {
+		return fmt.Errorf("fingerprint_only applies only with fingerprint json, not %s", cmp.Or(o.Fingerprint, fingerprintBody))
+	}
+	if len(o.FingerprintOnly) > 0 && len(o.FingerprintIgnore) > 0 {
+		return fmt.Errorf("fingerprint_only and fingerprint_ignore are two ways to say what counts: use one")
 	}
 	if len(o.FingerprintIgnore) > 0 && o.Fingerprint != fingerprintJSON {
 		return fmt.Errorf("fingerprint_ignore applies only with fingerprint json, not %s", cmp.Or(o.Fingerprint, fingerprintBody))
@@ -277,6 +364,8 @@ func (o *Options) check() error {
 		return fmt.Errorf("ttl must be positive: %v", time.Duration(o.TTL))
 	case o.LockTimeout != 0 && o.LockTimeout < caddy.Duration(time.Second):
 		return fmt.Errorf("lock_timeout must be at least 1s: %v", time.Duration(o.LockTimeout))
+	case o.MinKeyLength < 0 || o.MinKeyLength > maxKeyLen:
+		return fmt.Errorf("min_key_length: want 1 to %d, got %d", maxKeyLen, o.MinKeyLength)
 	case o.MaxRequestBody < 0:
 		return fmt.Errorf("max_request_body must be positive: %d", o.MaxRequestBody)
 	case o.MaxResponseBody < 0:
@@ -298,6 +387,9 @@ func (o *Options) check() error {
 		if status < 400 || status > 599 {
 			return fmt.Errorf("release_statuses: want 4xx or 5xx statuses, got %d", status)
 		}
+	}
+	if o.AcceptUnsealed && len(o.EncryptionKeys) == 0 {
+		return fmt.Errorf("accept_unsealed applies only with encryption_keys: without keys, every stored response is replayed as it is stored")
 	}
 	return nil
 }

@@ -12,9 +12,10 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
 
-// docsURL anchors problem types in the README, which documents each answer:
+// docsURL anchors problem types in the README by default (problem_base),
+// which documents each answer:
 // the IETF draft asks a deployment to link its own idempotency policy.
-const docsURL = "https://github.com/caddy-idempotency/caddy-idempotency#"
+const docsURL = defaultProblemBase + "#"
 
 // problem is an RFC 9457 problem details answer, rendered at provision so
 // that refusing costs no encoding.
@@ -23,6 +24,7 @@ type problem struct {
 	typ, title, detail string
 	result             result // what the refusal counts as
 	retryAfter         []string
+	challenge          []string // WWW-Authenticate, of a 401
 	body               []byte
 	routes             *errorRoutes // shared by a handler's problems
 }
@@ -33,6 +35,7 @@ func (p *problem) Error() string { return p.detail }
 var (
 	problemContentType = []string{"application/problem+json"}
 	noSniff            = []string{"nosniff"}
+	english            = []string{"en"} // the titles and details
 	// noStore keeps caches from keeping a refusal: a retry may be answered
 	// otherwise (the first request has ended, the store is back).
 	noStore = []string{"no-store"}
@@ -55,6 +58,9 @@ func (p *problem) answer(w http.ResponseWriter, r *http.Request, repl *caddy.Rep
 	w.Header()["Cache-Control"] = noStore
 	if p.retryAfter != nil {
 		w.Header()["Retry-After"] = p.retryAfter
+	}
+	if p.challenge != nil {
+		w.Header()["Www-Authenticate"] = p.challenge
 	}
 	aw := &answerWatcher{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, status: p.status}
 	err := p.routes.of(srv).ServeHTTP(aw, srv.Errors.WithError(r, caddyhttp.Error(p.status, p)))
@@ -134,11 +140,15 @@ func (a *answerWatcher) FlushError() error {
 func (p *problem) write(w http.ResponseWriter) {
 	h := w.Header()
 	h["Content-Type"] = problemContentType
+	h["Content-Language"] = english
 	h["X-Content-Type-Options"] = noSniff
 	h["Content-Length"] = []string{strconv.Itoa(len(p.body))}
 	h["Cache-Control"] = noStore
 	if p.retryAfter != nil {
 		h["Retry-After"] = p.retryAfter
+	}
+	if p.challenge != nil {
+		h["Www-Authenticate"] = p.challenge
 	}
 	w.WriteHeader(p.status)
 	w.Write(p.body)
@@ -161,11 +171,13 @@ const (
 	problemOutcomeUnknown
 	problemNotAcceptable
 	problemUnreadable
+	problemReplayBusy
 	numProblems
 )
 
 // problemTable is every answer the handler gives on its own. In details,
-// {header} is the configured key header and {max} max_request_body.
+// {where} and {what} name where the key is read (the key header, by
+// default), {min} is min_key_length and {max} max_request_body.
 var problemTable = [numProblems]struct {
 	status        int
 	anchor        string
@@ -174,11 +186,11 @@ var problemTable = [numProblems]struct {
 	result        result
 }{
 	problemMissingKey: {400, "missing-key", "Idempotency-Key is missing",
-		"This operation is idempotent and requires the {header} request header.", 0, resultInvalid},
+		"This operation is idempotent and requires {where}.", 0, resultInvalid},
 	problemInvalidKey: {400, "invalid-key", "Idempotency-Key is invalid",
-		"The {header} header must be 1 to 255 visible ASCII characters, bare (without a comma) or as a quoted string.", 0, resultInvalid},
+		"{what} must be {min} to 255 visible ASCII characters, bare (without a comma) or as a quoted string.", 0, resultInvalid},
 	problemRepeatedKey: {400, "invalid-key", "Idempotency-Key is invalid",
-		"The {header} header must appear exactly once.", 0, resultInvalid},
+		"{what} must appear exactly once.", 0, resultInvalid},
 	problemMissingScope: {401, "missing-scope", "The caller of this Idempotency-Key is unknown",
 		"Idempotency keys are kept per caller, and this request names none. Authenticate and retry with the same key.", 0, resultMissingScope},
 	problemTooLarge: {413, "request-too-large", "Request body too large",
@@ -199,13 +211,15 @@ var problemTable = [numProblems]struct {
 		"The request with this key was processed, and its response is stored in a content coding that cannot be decoded here. Retry with that coding in Accept-Encoding.", 0, resultNotAcceptable},
 	problemUnreadable: {500, "unreadable-record", "The stored response for this Idempotency-Key cannot be read",
 		"The request with this key was processed, but its stored response cannot be decrypted by this server. It will not run again; do not resend it with a new key before checking whether it took effect.", 0, resultUnreadable},
+	problemReplayBusy: {503, "replay-busy", "The response for this Idempotency-Key cannot be replayed right now",
+		"The request with this key was processed, and its stored response must be decoded for this request, which does not accept its content coding, but too many are being decoded at once. Retry shortly with the same key, or accept gzip, deflate and zstd.", 1, resultReplayBusy},
 }
 
 // problems are a handler's answers, sharing one cache of its error routes.
 type problems [numProblems]*problem
 
-func newProblems(header string, maxRequestBody int64) problems {
-	fill := strings.NewReplacer("{header}", header, "{max}", strconv.FormatInt(maxRequestBody, 10))
+func newProblems(base string, key *keySource, minKey int, maxRequestBody int64) problems {
+	fill := strings.NewReplacer("{where}", key.where, "{what}", key.what, "{min}", strconv.Itoa(minKey), "{max}", strconv.FormatInt(maxRequestBody, 10))
 	routes := new(errorRoutes)
 	var ps problems
 	for kind, t := range problemTable {
@@ -215,11 +229,11 @@ func newProblems(header string, maxRequestBody int64) problems {
 			Title  string `json:"title"`
 			Status int    `json:"status"`
 			Detail string `json:"detail"`
-		}{docsURL + t.anchor, t.title, t.status, detail})
+		}{base + "#" + t.anchor, t.title, t.status, detail})
 		if err != nil {
 			panic(err) // only strings and an int: cannot fail
 		}
-		p := &problem{status: t.status, typ: docsURL + t.anchor, title: t.title, detail: detail,
+		p := &problem{status: t.status, typ: base + "#" + t.anchor, title: t.title, detail: detail,
 			result: t.result, body: body, routes: routes}
 		if t.retryAfter > 0 {
 			p.retryAfter = []string{strconv.Itoa(t.retryAfter)}

@@ -13,7 +13,7 @@ import (
 // to handle_errors, tells caches not to keep it: a refusal must not be
 // served again to the retry that the problem itself asks for.
 func TestProblemsAreNotStored(t *testing.T) {
-	ps := newProblems("Idempotency-Key", 1<<20)
+	ps := newProblems(defaultProblemBase, &keySource{header: "Idempotency-Key", where: "the Idempotency-Key request header", what: "The Idempotency-Key header"}, 1, 1<<20)
 	errorRoutes := &caddyhttp.Server{Errors: &caddyhttp.HTTPErrorConfig{Routes: caddyhttp.RouteList{{}}}}
 	for kind, p := range ps {
 		// Every kind, so that a problem added later is covered too.

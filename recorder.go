@@ -30,6 +30,7 @@ type recorder struct {
 	overflow    bool // the body outgrew limit; buf was dropped
 	clientGone  bool
 	wroteHeader bool
+	marks       *Handler // sets a first answer's own headers; nil when none
 }
 
 var bufPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
@@ -83,12 +84,21 @@ func (rec *recorder) WriteHeader(status int) {
 	h := rec.ResponseWriter.Header()
 	rec.header = exchangeHeader(h, rec.outer)
 	rec.declared = h["Trailer"]
+	if rec.marks != nil {
+		rec.marks.markFirst(h, status)
+	}
 	rec.ResponseWriter.WriteHeader(status)
 }
 
 func (rec *recorder) Write(p []byte) (int, error) {
 	if !rec.wroteHeader {
 		rec.WriteHeader(http.StatusOK)
+	}
+	if !bodyAllowed(rec.status) {
+		// net/http refuses it (respond "x" 204): the client gets no body,
+		// nor will its retry. No error: a handler returning it would have
+		// its whole answer stored as one that broke off.
+		return len(p), nil
 	}
 	if !rec.clientGone {
 		if _, err := rec.ResponseWriter.Write(p); err != nil {
@@ -139,6 +149,12 @@ func (rec *recorder) response() *store.Response {
 	}
 	rec.addTrailers()
 	return &store.Response{Status: status, Header: rec.header, Body: rec.body()}
+}
+
+// bodyAllowed is net/http's bodyAllowedForStatus: 1xx, 204 and 304 have
+// no body.
+func bodyAllowed(status int) bool {
+	return (status < 100 || status > 199) && status != http.StatusNoContent && status != http.StatusNotModified
 }
 
 func (rec *recorder) body() []byte {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/caddy-idempotency/caddy-idempotency/internal/faultproxy"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/testredis"
@@ -86,5 +87,36 @@ func TestResponseStoredOnceTheStoreRecovers(t *testing.T) {
 	}
 	if n := b.runs.Load(); n != 1 {
 		t.Fatalf("backend ran %d times, want 1", n)
+	}
+}
+
+// With every background slot busy, a response the store refused is not
+// retried: that is said and counted, not left to the log's earlier promise.
+func TestBackgroundRetryWithoutASlotIsLoggedAndCounted(t *testing.T) {
+	srv := testredis.Start(t)
+	proxy := faultproxy.Start(t, srv.Addr())
+	h := provision(t, json.RawMessage(`{"module":"redis","addresses":["`+proxy.Addr()+`"],"read_timeout":"200ms","dial_timeout":"200ms","write_timeout":"200ms"}`), nil)
+	logs := watchLogs(h)
+	b := &backend{serve: func(w http.ResponseWriter, r *http.Request) error {
+		proxy.Blackhole(true)
+		proxy.Cut()
+		w.WriteHeader(201)
+		return nil
+	}}
+	for range cap(background) {
+		background <- struct{}{}
+	}
+	defer func() {
+		for range cap(background) {
+			<-background
+		}
+	}()
+	before := testutil.ToFloat64(collectors.retriesSkipped)
+	wantStatus(t, do(h, b, post("/pay", "k", "x")), 201)
+	if n := logs.FilterMessageSnippet("no background slot").Len(); n != 1 {
+		t.Errorf("%d log entries about the skipped retry, want 1: %v", n, logs.All())
+	}
+	if n := testutil.ToFloat64(collectors.retriesSkipped) - before; n != 1 {
+		t.Errorf("background_retries_skipped_total grew by %v, want 1", n)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/klauspost/compress/zstd"
 
@@ -38,7 +39,17 @@ func (a *attempt) replay(rec *store.Record) error {
 		return a.refuse(problemUnreplayable)
 	}
 	body, decoded := rec.Body, false
-	if codings := rec.Header["Content-Encoding"]; len(codings) > 0 && !acceptsCodings(a.r.Header["Accept-Encoding"], codings) {
+	bodyless := !bodyAllowed(rec.Status)
+	if bodyless {
+		// a record stored before the recorder dropped such bodies may
+		// hold one, which net/http would refuse
+		body = nil
+	} else if codings := rec.Header["Content-Encoding"]; len(codings) > 0 && !acceptsCodings(a.r.Header["Accept-Encoding"], codings) {
+		if ok, err := a.awaitDecodeSlot(); !ok {
+			return err
+		}
+		// held until the body is written: until then it is in memory
+		defer func() { <-decodeSlots }()
 		var ok bool
 		if body, ok = decodeBody(codings, body); !ok {
 			return a.refuse(problemNotAcceptable)
@@ -49,14 +60,21 @@ func (a *attempt) replay(rec *store.Record) error {
 	hdr := a.w.Header()
 	trailers := replayHeader(hdr, rec.Header, decoded)
 	hdr[a.h.ReplayHeader] = trueValue
-	if trailers != nil {
+	a.h.markReplay(hdr, rec.ExpiresAt)
+	switch {
+	case bodyless:
+		// 1xx, 204 and 304: no body, so neither a length nor trailers
+	case trailers != nil:
 		// declared, and without a length, so that HTTP/1.1 sends it
 		// chunked, with room for the trailers
 		hdr["Trailer"] = []string{strings.Join(trailers, ", ")}
-	} else {
+	default:
 		hdr["Content-Length"] = []string{strconv.Itoa(len(body))}
 	}
 	a.w.WriteHeader(rec.Status)
+	if bodyless {
+		return nil
+	}
 	if _, err := a.w.Write(body); err != nil {
 		// the client left during a replay; it can retry again
 		panic(http.ErrAbortHandler)
@@ -109,6 +127,47 @@ func replayTrailers(dst, stored http.Header) {
 // maxDecodedBody bounds what a replay decodes into memory: a stored body
 // is at most max_response_body, but compression can multiply it.
 const maxDecodedBody = 64 << 20
+
+// maxDecodes bounds the replays that hold a decoded body at once, in the
+// whole process (memory is the process's, whatever the handler or config
+// generation): each may hold maxDecodedBody, twice that as its buffer
+// grows, until its client has read it, and nothing is cached, so fifty
+// retries of one record would hold fifty copies. Four keep the worst case
+// to a few hundred MiB and still use a small machine's cores, decoding
+// being CPU work; a replay in a coding its retry accepts, the usual one,
+// takes no slot.
+const maxDecodes = 4
+
+var decodeSlots = make(chan struct{}, maxDecodes)
+
+// decodeWait is how long a replay waits for a decode slot before its
+// client gets 503 and Retry-After (a variable for the tests): a decode
+// takes a fraction of it, so a wait that runs out means slow readers
+// hold the slots, and the client is better told to come back.
+var decodeWait = time.Second
+
+// awaitDecodeSlot takes a decode slot, waiting up to decodeWait while the
+// client is there. It reports false once it has answered instead: 503
+// when the wait ran out, 499 (for the access log) when the client left.
+func (a *attempt) awaitDecodeSlot() (bool, error) {
+	select {
+	case decodeSlots <- struct{}{}:
+		return true, nil
+	default:
+	}
+	wait := time.NewTimer(decodeWait)
+	defer wait.Stop()
+	select {
+	case decodeSlots <- struct{}{}:
+		return true, nil
+	case <-wait.C:
+		return false, a.refuse(problemReplayBusy)
+	case <-a.r.Context().Done():
+		a.result(resultGone)
+		a.w.WriteHeader(statusClientClosed)
+		return false, nil
+	}
+}
 
 // acceptsCodings reports whether a request with the Accept-Encoding field
 // lines accept takes a body with the Content-Encoding lines codings. A

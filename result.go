@@ -19,7 +19,8 @@ const (
 	resultUnreplayable                // refused: the first request ran, and its response cannot be replayed
 	resultNotAcceptable               // refused: the stored response is in a coding the retry refuses
 	resultUnreadable                  // refused: the stored response does not open (encryption_keys)
-	resultGone                        // the client left while its claim waited for the store; nothing ran (499)
+	resultGone                        // the client left while its claim waited for the store (nothing ran), or its replay for a decode slot (499)
+	resultReplayBusy                  // refused: the stored response needs decoding, and no decode slot came free in time (503)
 	numResults
 )
 
@@ -43,4 +44,5 @@ var results = [numResults]struct {
 	resultNotAcceptable: {"not_acceptable", "not_acceptable"},
 	resultUnreadable:    {"unreadable", "unreadable"},
 	resultGone:          {"client_gone", "client_gone"},
+	resultReplayBusy:    {"replay_busy", "replay_busy"},
 }

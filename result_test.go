@@ -11,6 +11,7 @@ func TestResultNames(t *testing.T) {
 		"bypass": "bypass", "invalid": "invalid", "too_large": "too_large", "error": "store_error",
 		"unknown": "unknown", "client_gone": "client_gone", "missing_scope": "missing_scope",
 		"unreplayable": "unreplayable", "not_acceptable": "not_acceptable", "unreadable": "unreadable",
+		"replay_busy": "replay_busy",
 	}
 	for r := range numResults {
 		value, _ := results[r].value.(string)

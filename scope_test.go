@@ -172,7 +172,6 @@ func TestScopeOptionsConfig(t *testing.T) {
 		t.Fatalf("parsed %+v", h)
 	}
 	for _, tc := range []struct{ in, want string }{
-		{"idempotency {\n require_scope yes\n}", "require_scope: unexpected argument 'yes'"},
 		{"idempotency {\n forward_key\n}", "forward_key: expected a value"},
 		{"idempotency {\n forward_key A B\n}", "forward_key: unexpected extra argument 'B'"},
 	} {

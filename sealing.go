@@ -12,20 +12,24 @@ import (
 // opening them for replay; state, status, times, endpoint and fingerprint
 // stay clear for inspect, stuck and purge. It wraps every store, with or
 // without keys, so that a sealed record no key opens is refused: never
-// replayed as ciphertext, never run again.
+// replayed as ciphertext, never run again. With keys, a response that is
+// not sealed is refused too (unless acceptUnsealed): this handler seals
+// every response it stores, so an unsealed one was stored without keys, or
+// planted by whoever can write to the store.
 type sealing struct {
 	store.Store
-	keys *keyring // nil: no encryption_keys, nothing is sealed
+	keys           *keyring // nil: no encryption_keys, nothing is sealed
+	acceptUnsealed bool     // accept_unsealed: replay them, while migrating
 }
 
-func sealStore(s store.Store, keys *keyring) *sealing {
-	return &sealing{Store: s, keys: keys}
+func sealStore(s store.Store, keys *keyring, acceptUnsealed bool) *sealing {
+	return &sealing{Store: s, keys: keys, acceptUnsealed: acceptUnsealed}
 }
 
-// unreadableRecord is Acquire's error for a sealed record to replay that
-// does not open.
+// unreadableRecord is Acquire's error for a record to replay that does
+// not open, or that is not sealed although it should be.
 type unreadableRecord struct {
-	reason string // unknown_key, authentication or malformed: a metric label
+	reason string // unknown_key, authentication, malformed or unsealed: a metric label
 	keyID  string // the id the record names; empty if malformed
 }
 
@@ -35,6 +39,8 @@ func (e *unreadableRecord) Error() string {
 		return "opening the stored response: sealed with key id " + e.keyID + ", which no configured key has"
 	case "authentication":
 		return "opening the stored response: authentication failed with key id " + e.keyID + " (the record was changed, or copied from another key)"
+	case "unsealed":
+		return "the stored response is not sealed, and accept_unsealed is off"
 	}
 	return "opening the stored response: malformed sealed record"
 }
@@ -42,25 +48,39 @@ func (e *unreadableRecord) Error() string {
 func (s *sealing) Acquire(ctx context.Context, k store.Key, c *store.Claim) (store.Acquired, error) {
 	got, err := s.Store.Acquire(ctx, k, c)
 	rec := got.Record
-	if err != nil || rec == nil || !rec.Sealed {
+	if err != nil || rec == nil {
 		return got, err
 	}
 	if !boundTo(rec, c) {
 		// refused with 422 whatever it holds: no need to open it
-		out := *rec
-		out.Header, out.Body = nil, nil
-		got.Record = &out
+		if rec.Sealed {
+			out := *rec
+			out.Header, out.Body = nil, nil
+			got.Record = &out
+		}
 		return got, nil
 	}
-	got.Record, err = s.keys.open(k, rec)
-	return got, err
+	if rec.Sealed {
+		got.Record, err = s.keys.open(k, rec)
+		return got, err
+	}
+	if s.keys != nil && !s.acceptUnsealed && holdsResponse(rec) {
+		return store.Acquired{}, &unreadableRecord{reason: "unsealed"}
+	}
+	return got, nil
+}
+
+// holdsResponse reports whether rec is one that Complete seals: a claim
+// and the markers (truncated, outcome unknown) hold no response to replay.
+func holdsResponse(rec *store.Record) bool {
+	return rec.State == store.Completed && !rec.Truncated && !rec.OutcomeUnknown
 }
 
 func (s *sealing) Complete(ctx context.Context, k store.Key, c *store.Claim, resp *store.Response, ttl time.Duration) error {
 	if s.keys == nil || resp.Truncated || resp.OutcomeUnknown {
 		return s.Store.Complete(ctx, k, c, resp, ttl)
 	}
-	sealed, err := s.keys.seal(k, resp)
+	sealed, err := s.keys.seal(k, c, resp)
 	if err != nil {
 		return err
 	}

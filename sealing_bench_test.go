@@ -18,6 +18,7 @@ func BenchmarkSealOpen(b *testing.B) {
 		b.Fatal(err)
 	}
 	key := store.NewKey("", "bench")
+	c := &store.Claim{Endpoint: "POST api.example.com/v1/orders"}
 	for _, size := range []int{1 << 10, 64 << 10} {
 		resp := &store.Response{Status: 201, Body: bytes.Repeat([]byte("x"), size), Header: http.Header{
 			"Content-Type": {"application/json"}, "Location": {"/v1/orders/42"}, "X-Request-Id": {"4bf92f3577b34da6"},
@@ -26,11 +27,11 @@ func BenchmarkSealOpen(b *testing.B) {
 			b.ReportAllocs()
 			b.SetBytes(int64(size))
 			for b.Loop() {
-				sealed, err := ring.seal(key, resp)
+				sealed, err := ring.seal(key, c, resp)
 				if err != nil {
 					b.Fatal(err)
 				}
-				if _, err := ring.open(key, &store.Record{State: store.Completed, Response: *sealed}); err != nil {
+				if _, err := ring.open(key, &store.Record{State: store.Completed, Endpoint: c.Endpoint, Response: *sealed}); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -289,20 +289,22 @@ func TestSealedRecordTampered(t *testing.T) {
 	}
 }
 
-// The key hash is associated data: a sealed response does not open under
-// another key, nor with another status.
-func TestSealBindsKeyAndStatus(t *testing.T) {
+// The key hash and the record's clear fields are associated data: a
+// sealed response does not open under another key, nor with another
+// status, state, flag, endpoint or fingerprint.
+func TestSealBindsKeyAndClearFields(t *testing.T) {
 	ring, err := newKeyring([]string{sealKeyA})
 	if err != nil {
 		t.Fatal(err)
 	}
 	k1, k2 := store.NewKey("", "one"), store.NewKey("", "two")
+	c := &store.Claim{Endpoint: "POST api.example.com/orders", Fingerprint: store.Fingerprint{1}}
 	resp := &store.Response{Status: 201, Header: http.Header{"X-A": {"1"}}, Body: []byte("body")}
-	sealed, err := ring.seal(k1, resp)
+	sealed, err := ring.seal(k1, c, resp)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rec := &store.Record{State: store.Completed, Response: *sealed}
+	rec := &store.Record{State: store.Completed, Endpoint: c.Endpoint, Fingerprint: c.Fingerprint, Response: *sealed}
 	if !rec.Sealed || len(rec.Header) != 0 || bytes.Contains(rec.Body, []byte("body")) {
 		t.Fatalf("sealed response %+v", sealed)
 	}
@@ -316,10 +318,19 @@ func TestSealBindsKeyAndStatus(t *testing.T) {
 	if _, err := ring.open(k2, rec); err == nil || err.(*unreadableRecord).reason != "authentication" {
 		t.Fatalf("opened under another key: %v", err)
 	}
-	other := *rec
-	other.Status = 200
-	if _, err := ring.open(k1, &other); err == nil || err.(*unreadableRecord).reason != "authentication" {
-		t.Fatalf("opened with another status: %v", err)
+	for name, change := range map[string]func(*store.Record){
+		"status":          func(r *store.Record) { r.Status = 200 },
+		"state":           func(r *store.Record) { r.State = store.InProgress },
+		"truncated":       func(r *store.Record) { r.Truncated = true },
+		"outcome_unknown": func(r *store.Record) { r.OutcomeUnknown = true },
+		"endpoint":        func(r *store.Record) { r.Endpoint = "POST api.example.com/refunds" },
+		"fingerprint":     func(r *store.Record) { r.Fingerprint[0] = 2 },
+	} {
+		other := *rec
+		change(&other)
+		if _, err := ring.open(k1, &other); err == nil || err.(*unreadableRecord).reason != "authentication" {
+			t.Errorf("opened with another %s: %v", name, err)
+		}
 	}
 	resized := *rec
 	resized.Body = bytes.Clone(rec.Body)
@@ -327,7 +338,7 @@ func TestSealBindsKeyAndStatus(t *testing.T) {
 	if _, err := ring.open(k1, &resized); err == nil {
 		t.Fatal("opened with another stated size")
 	}
-	again, _ := ring.seal(k1, resp)
+	again, _ := ring.seal(k1, c, resp)
 	nonce := 1 + keyIDLen + 1
 	if bytes.Equal(again.Body[nonce:nonce+12], sealed.Body[nonce:nonce+12]) {
 		t.Fatal("two seals share a nonce")

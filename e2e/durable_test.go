@@ -131,7 +131,7 @@ func durableClientDisconnect(t *testing.T, u *upstream, c *caddyProc) {
 // refused with 409 until the dead claim's lease passes, then exactly one
 // runs the request anew. It returns the answer that took over and when its
 // request was sent.
-func crashedOwnerTakeover(t *testing.T, u *upstream, key string, mk func() *http.Request, lease time.Duration, killed time.Time) (response, time.Time, int) {
+func crashedOwnerTakeover(t *testing.T, u *upstream, key string, mk func() *http.Request, lease time.Duration, killed time.Time, keep bool) (response, time.Time, int) {
 	t.Helper()
 	cl := newClient(t)
 	var res response
@@ -154,17 +154,23 @@ func crashedOwnerTakeover(t *testing.T, u *upstream, key string, mk func() *http
 		time.Sleep(20 * time.Millisecond)
 	}
 	took := sentAt.Sub(killed)
+	if took < lease/3 {
+		t.Fatalf("the retry took over %v after the kill, within the dead owner's %v lease (%d x 409 before)", took, lease, conflicts)
+	}
+	if keep {
+		// At most once: the takeover is the dead owner's unknown outcome,
+		// and stays so for its retries.
+		wantProblem(t, "retry after the lease passed, on_unknown_outcome keep", res, http.StatusBadGateway, "outcome-unknown", false)
+		again := send(t, cl, mk())
+		wantProblem(t, "the next retry, on_unknown_outcome keep", again, http.StatusBadGateway, "outcome-unknown", false)
+		wantCount(t, "upstream starts (the crashed run only)", u.starts(key), 1)
+		return res, sentAt, conflicts
+	}
 	wantStatus(t, "retry after the lease passed", res, http.StatusCreated)
 	if res.replayed() || res.Header.Get(hdrRun) != "2" {
 		t.Fatalf("the takeover did not run the request anew: %s", res)
 	}
 	wantCount(t, "upstream starts (the crashed run and the takeover)", u.starts(key), 2)
-	// The owner renews every lease/3: its claim outlives the kill by at
-	// least two thirds of a lease. A takeover sooner than a third of a
-	// lease after the kill means the lease was not respected.
-	if took < lease/3 {
-		t.Fatalf("the retry took over %v after the kill, within the dead owner's %v lease (%d x 409 before)", took, lease, conflicts)
-	}
 	replay, _ := retryUntilSettled(t, cl, mk, 10*time.Second)
 	wantReplay(t, "retry after the takeover", res, replay)
 	wantCount(t, "upstream starts after the replay", u.starts(key), 2)
@@ -176,12 +182,17 @@ func crashedOwnerTakeover(t *testing.T, u *upstream, key string, mk func() *http
 // keeps it past one lease by renewing, and is SIGKILLed; B refuses retries
 // until the lease passes, then runs the request again (the documented
 // price of a crash during the upstream call), then replays. The takeover
-// must come within slack after the lease. It returns the time from the
-// kill to the successful takeover.
-func ownerKilledTakeover(t *testing.T, storeOptions string, slack time.Duration) time.Duration {
+// must come within slack after the lease. With keep (on_unknown_outcome
+// keep), the takeover is answered as an unknown outcome instead, and the
+// request never runs again. It returns the time from the kill to the
+// takeover.
+func ownerKilledTakeover(t *testing.T, storeOptions string, slack time.Duration, keep bool) time.Duration {
 	t.Helper()
 	const lease = 2 * time.Second
 	u := startUpstream(t)
+	if keep {
+		storeOptions += "\non_unknown_outcome keep"
+	}
 	site := proxySite(u, storeOptions+"\nlock_timeout 2s")
 	a := startCaddy(t, "A", site)
 	b := startCaddy(t, "B", site)
@@ -218,7 +229,7 @@ func ownerKilledTakeover(t *testing.T, storeOptions string, slack time.Duration)
 	case <-time.After(10 * time.Second):
 		t.Fatal("A's client did not notice that A died")
 	}
-	_, sentAt, conflicts := crashedOwnerTakeover(t, u, key, func() *http.Request { return mk(b) }, lease, killed)
+	_, sentAt, conflicts := crashedOwnerTakeover(t, u, key, func() *http.Request { return mk(b) }, lease, killed, keep)
 	took := sentAt.Sub(killed)
 	t.Logf("kill-to-takeover: %v (lock_timeout %v; %d x 409 from B after the kill)", took.Round(time.Millisecond), lease, conflicts)
 	// The lease ends at most one lease after A's last renewal, which came

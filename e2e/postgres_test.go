@@ -106,7 +106,13 @@ func TestPostgresStore(t *testing.T) {
 	// again (the documented price of a crash during the upstream call).
 	t.Run("owner_killed", func(t *testing.T) {
 		t.Parallel()
-		ownerKilledTakeover(t, pgStore(pg, "e2e_owner_killed"), 3*time.Second)
+		ownerKilledTakeover(t, pgStore(pg, "e2e_owner_killed"), 3*time.Second, false)
+	})
+	// The same with on_unknown_outcome keep: at most once, 502 after the
+	// lease instead of a second run.
+	t.Run("owner_killed_keep", func(t *testing.T) {
+		t.Parallel()
+		ownerKilledTakeover(t, pgStore(pg, "e2e_owner_killed_keep"), 3*time.Second, true)
 	})
 }
 

@@ -33,7 +33,15 @@ func TestTwoInstancesShareRedis(t *testing.T) {
 // documented price of the crash.
 func TestOwnerKilledLeaseTakeover(t *testing.T) {
 	t.Parallel()
-	ownerKilledTakeover(t, redisStore(testredis.Start(t)), time.Second)
+	ownerKilledTakeover(t, redisStore(testredis.Start(t)), time.Second, false)
+}
+
+// The same crash with on_unknown_outcome keep: the retry that takes the
+// dead owner's claim over gets 502 outcome-unknown, and the request never
+// runs a second time (at most once).
+func TestOwnerKilledKeepIsAtMostOnce(t *testing.T) {
+	t.Parallel()
+	ownerKilledTakeover(t, redisStore(testredis.Start(t)), time.Second, true)
 }
 
 // Redis outages, with both on_store_error policies, and a Caddy

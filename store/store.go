@@ -114,6 +114,11 @@ type Claim struct {
 	// Lease is how long the claim holds without renewal: once it has
 	// passed, another request may take the key over.
 	Lease time.Duration
+	// TTL is how long the key's record will be kept. A store whose claims
+	// would otherwise vanish with their lease (Redis) keeps a claim's
+	// trace for as long past it, so that a takeover of a dead owner's
+	// claim is told (Acquired.TookOver) rather than passing for a new key.
+	TTL time.Duration
 }
 
 // Acquired is what became of a claim: either it holds the key (Record is
@@ -144,6 +149,15 @@ type Store interface {
 	// Renew extends the lease of the claim held by token to lease from
 	// now. ErrNotOwner if token no longer holds the claim.
 	Renew(ctx context.Context, key Key, token Token, lease time.Duration) error
+}
+
+// RecordLimit is a store that keeps no record over a size its max_bytes
+// sets: Complete fails for a larger one. A handler whose
+// max_response_body the store cannot keep is refused at provision.
+type RecordLimit interface {
+	// MaxRecordBytes is the size of the largest record the store keeps, as
+	// AppendRecord encodes it.
+	MaxRecordBytes() int64
 }
 
 var (

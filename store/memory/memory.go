@@ -5,10 +5,12 @@ package memory
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 	"github.com/caddy-idempotency/caddy-idempotency/store/internal/table"
@@ -21,6 +23,9 @@ func init() {
 const (
 	defaultMaxEntries = 100_000
 	defaultMaxBytes   = 256 << 20
+	// recordShare bounds one record to a quarter of max_bytes, so that
+	// completing it never evicts more than a quarter of the others.
+	recordShare = 4
 )
 
 // now is replaceable in tests.
@@ -28,6 +33,13 @@ var now = time.Now
 
 // tables keeps the tables across config reloads, which must not forget keys.
 var tables = caddy.NewUsagePool()
+
+// evictions is process-wide, like the tables, and registered into each
+// config's registry.
+var evictions = prometheus.NewCounterVec(prometheus.CounterOpts{
+	Namespace: "caddy", Subsystem: "idempotency", Name: "store_evictions_total",
+	Help: "Completed records that the memory store evicted to make room before their ttl passed, by store: a retry of one runs the request again.",
+}, []string{"store"})
 
 // Memory keeps idempotency records in the Caddy process. When full, the
 // oldest completed records are evicted first; in-flight claims never are.
@@ -48,9 +60,11 @@ type Memory struct {
 	// Default: 268435456 (256 MiB).
 	MaxBytes int64 `json:"max_bytes,omitempty"`
 
-	tab     *table.Table
-	poolKey string // cleared by Cleanup
-	name    string // in the store registry
+	tab       *table.Table
+	maxRecord int64 // the largest blob Complete keeps
+	evicted   prometheus.Counter
+	poolKey   string // cleared by Cleanup
+	name      string // in the store registry
 }
 
 // CaddyModule returns the Caddy module information.
@@ -79,11 +93,22 @@ func (m *Memory) Provision(ctx caddy.Context) error {
 		return err
 	}
 	m.tab = val.(*table.Table)
+	m.maxRecord = m.MaxBytes/recordShare - table.Size(nil)
 	records := defaultName(m.MaxEntries, m.MaxBytes)
 	m.name = cmp.Or(m.Name, records)
+	if reg := ctx.GetMetricsRegistry(); reg != nil {
+		if err := reg.Register(evictions); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
+			return fmt.Errorf("registering metrics: %w", err)
+		}
+	}
+	m.evicted = evictions.WithLabelValues(m.name) // exported at 0 from the start
 	// On error, Caddy's call of Cleanup gives the table back.
 	return store.Register(ctx.Context, store.Registration{Name: m.name, Module: "memory", Store: m}, records)
 }
+
+// MaxRecordBytes is a quarter of max_bytes, less what the table counts
+// beside a record's encoding.
+func (m *Memory) MaxRecordBytes() int64 { return m.maxRecord }
 
 // Validate checks the limits.
 func (m *Memory) Validate() error {
@@ -107,4 +132,6 @@ var (
 	_ caddy.Provisioner  = (*Memory)(nil)
 	_ caddy.Validator    = (*Memory)(nil)
 	_ caddy.CleanerUpper = (*Memory)(nil)
+
+	_ store.RecordLimit = (*Memory)(nil)
 )

@@ -2,6 +2,7 @@ package memory
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/caddy-idempotency/caddy-idempotency/store"
@@ -35,7 +36,9 @@ func (m *Memory) claim(k store.Key, c *store.Claim) (found store.Encoded, tookOv
 		tookOver = e.Blob.State() == store.InProgress
 		t.Remove(e)
 	}
-	if err := t.MakeRoom(table.Size(blob)); err != nil {
+	err = t.MakeRoom(table.Size(blob))
+	m.countEvictions()
+	if err != nil {
 		return nil, false, err
 	}
 	t.Insert(k, blob, n.Add(c.Lease).UnixNano())
@@ -53,7 +56,24 @@ func (m *Memory) Complete(_ context.Context, k store.Key, c *store.Claim, resp *
 	if err != nil {
 		return err
 	}
-	return t.Replace(e, blob, expires.UnixNano())
+	if int64(len(blob)) > m.maxRecord {
+		// Kept, it would evict too many of the others; the claim stays,
+		// so that its retries are not run again while its lease lasts.
+		return errTooLarge
+	}
+	err = t.Replace(e, blob, expires.UnixNano())
+	m.countEvictions()
+	return err
+}
+
+var errTooLarge = fmt.Errorf("%w: the response is larger than a quarter of the memory store's max_bytes", store.ErrUnavailable)
+
+// countEvictions counts the live records the table has just evicted. The
+// table is locked.
+func (m *Memory) countEvictions() {
+	if n := m.tab.TakeEvicted(); n > 0 {
+		m.evicted.Add(float64(n))
+	}
 }
 
 // Release deletes the claim held by tok.

@@ -28,7 +28,7 @@ func (t *Table) Check() error {
 	if err := t.checkIndex(); err != nil {
 		return err
 	}
-	var bytes int64
+	var bytes, evictable int64
 	live, completed := 0, 0
 	for e := range t.All() {
 		if pos, found := t.find(&e.Key); !found || slotOf(t.index[pos]) != e.slot {
@@ -41,6 +41,7 @@ func (t *Table) Check() error {
 		bytes += e.size
 		if e.Blob.State() == store.Completed {
 			completed++
+			evictable += e.size
 		}
 	}
 	if live != t.n {
@@ -48,6 +49,9 @@ func (t *Table) Check() error {
 	}
 	if bytes != t.bytes {
 		return fmt.Errorf("table counts %d bytes, its entries %d", t.bytes, bytes)
+	}
+	if completed != t.completed || evictable != t.evictable {
+		return fmt.Errorf("table counts %d completed entries of %d bytes, its entries %d of %d", t.completed, t.evictable, completed, evictable)
 	}
 	free := 0
 	for s := t.free; s != none; s = t.at(s).next {

@@ -24,7 +24,10 @@ const (
 	MaxEntries = 1 << 30
 )
 
-var errFull = fmt.Errorf("%w: memory store is full of in-flight claims", store.ErrUnavailable)
+var (
+	errFull     = fmt.Errorf("%w: memory store is full of in-flight claims", store.ErrUnavailable)
+	errTooLarge = fmt.Errorf("%w: the record is larger than the memory store holds", store.ErrUnavailable)
+)
 
 // Table is a map of records bounded in entries and bytes. Its mutex
 // guards it: every method but Destruct is called with it held.
@@ -44,9 +47,14 @@ type Table struct {
 	// order of completion: the eviction order. Claims are not in it.
 	oldest, newest int32
 	bytes          int64
-	maxEntries     int
-	maxBytes       int64
-	stop           chan struct{}
+	// completed and evictable are the entries of that list and their
+	// bytes: what evicting can free.
+	completed  int
+	evictable  int64
+	evicted    uint64 // see TakeEvicted
+	maxEntries int
+	maxBytes   int64
+	stop       chan struct{}
 }
 
 // Entry is one record in a Table: a slot that stays where it is, so a
@@ -179,14 +187,16 @@ func (t *Table) takeSlot() *Entry {
 	return e
 }
 
-// Replace gives e a new blob and expiry in place, as Remove, MakeRoom and
-// Insert would. Room is made with e's old blob uncounted, lest a blob too
-// big for the table fail for ever; if room cannot be made, e leaves the
-// table, as it would have been removed.
+// Replace gives e, a claim, a new blob and expiry in place, as Remove,
+// MakeRoom and Insert would. Room is made with e's old blob uncounted,
+// lest a blob that fits only in its place fail for ever; if room cannot be
+// made, nothing was evicted and e stays as it was, its owner's claim: the
+// retry is not run again while its lease lasts, and the owner may try
+// again.
 func (t *Table) Replace(e *Entry, blob store.Encoded, expires int64) error {
 	t.uncount(e)
 	if err := t.makeRoom(Size(blob), 0); err != nil {
-		t.drop(e)
+		t.count(e)
 		return err
 	}
 	e.Blob, e.Expires = blob, expires
@@ -201,6 +211,8 @@ func (t *Table) count(e *Entry) {
 	t.bytes += e.size
 	e.prev, e.next = none, none
 	if e.Blob.State() == store.Completed {
+		t.completed++
+		t.evictable += e.size
 		e.prev = t.newest
 		if t.newest != none {
 			t.at(t.newest).next = e.slot
@@ -215,6 +227,8 @@ func (t *Table) count(e *Entry) {
 func (t *Table) uncount(e *Entry) {
 	if e.Blob.State() == store.Completed {
 		t.unlink(e)
+		t.completed--
+		t.evictable -= e.size
 	}
 	t.bytes -= e.size
 }
@@ -237,15 +251,36 @@ func (t *Table) unlink(e *Entry) {
 // one more entry fit. Claims are never evicted: a duplicate would run too.
 func (t *Table) MakeRoom(need int64) error { return t.makeRoom(need, 1) }
 
-// makeRoom is MakeRoom for need bytes in more entries entries.
+// makeRoom is MakeRoom for need bytes in more entries entries. It evicts
+// only if evicting makes the room: to evict every completed record and
+// fail anyway would lose them all for nothing.
 func (t *Table) makeRoom(need int64, more int) error {
+	switch {
+	case need > t.maxBytes:
+		return errTooLarge
+	case t.n-t.completed+more > t.maxEntries || t.bytes-t.evictable+need > t.maxBytes:
+		return errFull
+	}
+	var now int64
 	for t.n+more > t.maxEntries || t.bytes+need > t.maxBytes {
-		if t.oldest == none {
-			return errFull
+		e := t.at(t.oldest)
+		if now == 0 {
+			now = time.Now().UnixNano()
 		}
-		t.Remove(t.at(t.oldest))
+		if now < e.Expires {
+			t.evicted++
+		}
+		t.Remove(e)
 	}
 	return nil
+}
+
+// TakeEvicted returns how many completed entries were evicted before they
+// expired since it was last called: records whose retries will run again.
+func (t *Table) TakeEvicted() uint64 {
+	n := t.evicted
+	t.evicted = 0
+	return n
 }
 
 // Clear drops every entry, and the memory of the slots and index.
@@ -253,6 +288,7 @@ func (t *Table) Clear() {
 	t.index = make([]uint64, minIndex)
 	t.chunks, t.slots, t.free, t.n = nil, 0, none, 0
 	t.oldest, t.newest, t.bytes = none, none, 0
+	t.completed, t.evictable = 0, 0
 }
 
 // All yields every entry, expired or not, in no order; it may be removed.

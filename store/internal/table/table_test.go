@@ -152,8 +152,7 @@ func TestCheckFindsBrokenBookkeeping(t *testing.T) {
 
 // Replace completes a claim where it stands: in a table at its entry limit
 // nothing is evicted for it, a blob that needs bytes evicts the oldest
-// completed entries, and one that cannot fit takes the claim out of the
-// table, as Remove, MakeRoom and Insert did.
+// completed entries, and one that cannot fit leaves the claim as it was.
 func TestReplaceCompletesInPlace(t *testing.T) {
 	tab := newTable(t, 3, 1<<20)
 	tab.Lock()
@@ -191,15 +190,15 @@ func TestReplaceCompletesInPlace(t *testing.T) {
 	full.Lock()
 	defer full.Unlock()
 	other, mine := mustPut(t, full, claimBlob()), mustPut(t, full, claimBlob())
-	mineKey := mine.Key
+	mineKey, blob := mine.Key, mine.Blob
 	if err := full.Replace(mine, completedBlob(1000), 1); !errors.Is(err, store.ErrUnavailable) {
 		t.Fatalf("a replace that cannot fit = %v, want ErrUnavailable", err)
 	}
 	if err := full.Check(); err != nil {
 		t.Fatal(err)
 	}
-	if full.Lookup(mineKey) != nil || full.Lookup(other.Key) != other {
-		t.Fatal("a replace that cannot fit must take its own entry out and leave the other claims")
+	if full.Lookup(mineKey) != mine || !bytes.Equal(mine.Blob, blob) || full.Lookup(other.Key) != other {
+		t.Fatal("a replace that cannot fit must leave its own claim and the other claims")
 	}
 }
 

@@ -1,0 +1,49 @@
+package idempotency
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/caddy-idempotency/caddy-idempotency/store"
+)
+
+// With on_unknown_outcome keep, a claim taken over from an owner whose
+// lease passed (its Caddy died while the upstream ran) is an unknown
+// outcome: answered 502 and kept until ttl, never run a second time.
+// Without keep, the takeover runs the request again, as before.
+func TestTakeoverOfADeadOwnerIsAnUnknownOutcome(t *testing.T) {
+	eachStore(t, func(t *testing.T, raw json.RawMessage) {
+		for _, keep := range []bool{true, false} {
+			h := provision(t, raw, func(h *Handler) {
+				if keep {
+					h.OnUnknownOutcome = unknownKeep
+				}
+			})
+			b := &backend{}
+			clientKey := "crashed-" + itoa(testSeq.Add(1))
+			// The dead owner: a claim nobody renews or ends.
+			dead := &store.Claim{Token: newToken(), Endpoint: "POST example.com/pay", CreatedAt: time.Now(), Lease: 100 * time.Millisecond}
+			if got, err := h.store.Acquire(context.Background(), store.NewKey("", clientKey), dead); err != nil || got.Record != nil {
+				t.Fatalf("the dead owner's claim: %v %v", got.Record, err)
+			}
+			time.Sleep(300 * time.Millisecond) // past its lease
+			first := do(h, b, post("/pay", clientKey, "x"))
+			retry := do(h, b, post("/pay", clientKey, "x"))
+			if keep {
+				wantProblem(t, first, http.StatusBadGateway, "The outcome of the request for this Idempotency-Key is unknown")
+				wantProblem(t, retry, http.StatusBadGateway, "The outcome of the request for this Idempotency-Key is unknown")
+				if n := b.runs.Load(); n != 0 {
+					t.Errorf("keep: the upstream ran %d times after the takeover, want never", n)
+				}
+				continue
+			}
+			wantStatus(t, first, http.StatusCreated)
+			if n := b.runs.Load(); n != 1 {
+				t.Errorf("release: the upstream ran %d times, want 1", n)
+			}
+		}
+	})
+}
