@@ -10,10 +10,12 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
-// claims are the keys in flight, kept in memory only so that a new key
-// costs one synced write (its completion); the file's lock makes this
-// process the only one to claim its keys. A crash forgets them, which the
-// guarantees allow: a retry after a restart runs at once.
+// claims are the keys in flight. This process reads them in memory (the
+// file's lock makes it the only one to claim its keys); the journal keeps
+// them, unsynced, for the process that opens the file after this one died.
+// So a new key costs one synced write, its completion. Every change is
+// appended to the journal before it is made in memory; a change the
+// journal refuses is not made, and fails as the file's would.
 //
 // A completion is committed to the file before its claim is dropped, so a
 // claim is never missing from both; but a duplicate that read the file
@@ -22,8 +24,10 @@ import (
 // claim, and take refuses to claim if the count of the key's shard changed
 // since before the file was read.
 type claims struct {
-	mu      sync.Mutex
-	byKey   map[store.Key]*held
+	mu    sync.Mutex
+	byKey map[store.Key]*held
+	// log is nil in the tests of the claims alone.
+	log     *journal
 	closed  bool // the file is closed: every call fails as the file's would
 	settled [settledShards]atomic.Uint64
 }
@@ -75,7 +79,11 @@ func (cs *claims) take(k store.Key, c *store.Claim, t time.Time, gen uint64) (ho
 	if cs.settled[k[0]].Load() != gen {
 		return nil, false, true, nil
 	}
-	cs.byKey[k] = &held{blob: blob, expires: t.Add(c.Lease).UnixNano()}
+	expires := t.Add(c.Lease).UnixNano()
+	if err := cs.log.put(k, blob, expires); err != nil {
+		return nil, false, false, err
+	}
+	cs.byKey[k] = &held{blob: blob, expires: expires}
 	return nil, old != nil, false, nil
 }
 
@@ -102,6 +110,9 @@ func (cs *claims) release(k store.Key, tok store.Token, t time.Time) error {
 	if e.storing {
 		return store.ErrNotOwner // the completion under way takes it
 	}
+	if err := cs.log.drop(k); err != nil {
+		return err
+	}
 	delete(cs.byKey, k)
 	return nil
 }
@@ -114,7 +125,11 @@ func (cs *claims) renew(k store.Key, tok store.Token, lease time.Duration, t tim
 	if err != nil {
 		return err
 	}
-	e.expires = t.Add(lease).UnixNano()
+	expires := t.Add(lease).UnixNano()
+	if err := cs.log.put(k, e.blob, expires); err != nil {
+		return err
+	}
+	e.expires = expires
 	return nil
 }
 
@@ -136,6 +151,10 @@ func (cs *claims) pin(k store.Key, tok store.Token, t time.Time) (*held, error) 
 // settle ends the completion of e: a committed one drops the claim and
 // counts itself for take; a failed one leaves the claim to its owner, who
 // may try again. An operator may have removed e meanwhile.
+//
+// The claim is dropped from memory even if the journal refuses the drop
+// (or the process dies before it): the record committed in the file, by
+// the claim's owner, is what the next process keeps (loadClaims).
 func (cs *claims) settle(k store.Key, e *held, committed bool) {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
@@ -145,6 +164,7 @@ func (cs *claims) settle(k store.Key, e *held, committed bool) {
 	}
 	cs.settled[k[0]].Add(1)
 	if cs.byKey[k] == e {
+		cs.log.drop(k)
 		delete(cs.byKey, k)
 	}
 }
@@ -176,6 +196,9 @@ func (cs *claims) remove(k store.Key, t time.Time) (bool, error) {
 	if e == nil {
 		return false, nil
 	}
+	if err := cs.log.drop(k); err != nil {
+		return false, err
+	}
 	delete(cs.byKey, k)
 	return e.alive(t.UnixNano()), nil
 }
@@ -200,20 +223,43 @@ func (cs *claims) list(t, cutoff time.Time) (map[store.Key]*held, error) {
 
 // sweep drops the claims whose lease has passed; until then, claiming
 // their key reports a takeover.
-func (cs *claims) sweep(t time.Time) {
+func (cs *claims) sweep(t time.Time) error {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
+	if cs.closed {
+		return nil
+	}
 	n := t.UnixNano()
+	var dead []store.Key
 	for k, e := range cs.byKey {
 		if !e.alive(n) {
-			delete(cs.byKey, k)
+			dead = append(dead, k)
 		}
 	}
+	if err := cs.log.drop(dead...); err != nil {
+		return err
+	}
+	for _, k := range dead {
+		delete(cs.byKey, k)
+	}
+	return nil
 }
 
-// close makes every later call fail as the closed file does.
-func (cs *claims) close() {
+// compact rewrites the journal from the claims in memory, if it is due.
+func (cs *claims) compact() error {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	if cs.closed || !cs.log.isDue() {
+		return nil
+	}
+	return cs.log.compact(cs.byKey)
+}
+
+// close makes every later call fail as the closed file does, and closes
+// the journal.
+func (cs *claims) close() error {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	cs.closed = true
+	return cs.log.close()
 }

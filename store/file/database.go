@@ -4,11 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
 	"go.uber.org/zap"
+
+	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
 const (
@@ -25,8 +28,8 @@ const (
 // sweepInterval is a variable for tests; each database reads it once.
 var sweepInterval = time.Minute
 
-// database is one open file, its claims and its sweeper, shared by every
-// config that uses it.
+// database is one open file, its claims (and their journal, beside it) and
+// its sweeper, shared by every config that uses it.
 type database struct {
 	*bolt.DB
 	claims   *claims
@@ -54,23 +57,69 @@ func openDatabase(path string, logger *zap.Logger) (*database, error) {
 		db.Close()
 		return nil, fmt.Errorf("creating bucket in %s: %w", path, err)
 	}
+	// Opened under bbolt's lock, which is the journal's too.
+	logPath := filepath.Join(filepath.Dir(path), journalName)
+	claims, torn, err := loadClaims(db, logPath)
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("reading the claims in %s: %w", logPath, err)
+	}
+	if torn > 0 {
+		logger.Warn("the end of the idempotency claims journal was torn (by a crash of the system?) and is ignored; claims made just before it may be lost",
+			zap.String("path", logPath), zap.Int("bytes", torn))
+	}
+	if n := len(claims.byKey); n > 0 {
+		logger.Info("claims left by the process that had the file open before hold their keys until their lease passes",
+			zap.String("path", logPath), zap.Int("claims", n))
+	}
 	ctx, stop := context.WithCancel(context.Background())
-	d := &database{DB: db, claims: newClaims(), writes: groupCommit{db: db}, logger: logger, interval: sweepInterval, stop: stop, done: make(chan struct{})}
+	d := &database{DB: db, claims: claims, writes: groupCommit{db: db}, logger: logger, interval: sweepInterval, stop: stop, done: make(chan struct{})}
 	go d.run(ctx)
 	return d, nil
 }
 
-// Destruct stops the sweeper and closes the file. bbolt's Close waits for
-// running transactions.
+// loadClaims reads the claims that the journal at path kept from the
+// process that had the file open before, less those whose completion that
+// process committed but died before it dropped the claim: the completed
+// record wins. It reports the bytes at the journal's end that were no
+// entries.
+func loadClaims(db *bolt.DB, path string) (*claims, int, error) {
+	j, byKey, torn, err := openJournal(path)
+	if err != nil {
+		return nil, 0, err
+	}
+	err = db.View(func(tx *bolt.Tx) error {
+		b := tx.Bucket(records)
+		for k, e := range byKey {
+			rec, err := store.DecodeRecord(b.Get(k[:]))
+			if err == nil && rec.State == store.Completed && e.blob.ClaimedBy(rec.Token) {
+				delete(byKey, k)
+			}
+		}
+		return nil
+	})
+	if err == nil {
+		err = j.compact(byKey)
+	}
+	if err != nil {
+		return nil, 0, err
+	}
+	return &claims{byKey: byKey, log: j}, torn, nil
+}
+
+// Destruct stops the sweeper and closes the file and the journal, which
+// keeps the claims of requests still running (cut off by the stop) for
+// the next process. bbolt's Close waits for running transactions.
 func (d *database) Destruct() error {
-	d.claims.close()
+	err := d.claims.close()
 	d.stop()
 	<-d.done
-	return d.Close()
+	return errors.Join(d.Close(), err)
 }
 
 // run deletes expired records and claims every interval until Destruct,
 // only to bound the file and memory: they are already treated as absent.
+// It also compacts the claims' journal when it has grown.
 func (d *database) run(ctx context.Context) {
 	defer close(d.done)
 	tick := time.NewTicker(d.interval)
@@ -79,9 +128,16 @@ func (d *database) run(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
+		case <-d.claims.log.due:
+			if err := d.claims.compact(); err != nil {
+				d.logger.Warn("rewriting the idempotency claims journal", zap.Error(err))
+			}
+			continue
 		case <-tick.C:
 		}
-		d.claims.sweep(now())
+		if err := d.claims.sweep(now()); err != nil {
+			d.logger.Warn("dropping expired idempotency claims", zap.Error(err))
+		}
 		n, err := d.sweep(ctx, sweepBatch, nil)
 		if err != nil && ctx.Err() == nil {
 			d.logger.Warn("deleting expired idempotency records", zap.Int("deleted", n), zap.Error(err))

@@ -1,8 +1,9 @@
 // Package file is the on-disk idempotency store: a bbolt database in one
 // file, for a single Caddy instance that must keep its records across
 // restarts and crashes. A completion is one bbolt transaction, synced
-// before it returns. Claims are kept in memory (claims.go): the file's lock
-// gives one process its keys.
+// before it returns. Claims are kept in memory (claims.go), as the file's
+// lock gives one process its keys, and in a journal without fsync
+// (journal.go), for the process that opens the file after one that died.
 package file
 
 import (
