@@ -216,3 +216,37 @@ func TestRoutesInheritReleaseStatuses(t *testing.T) {
 		cancel()
 	}
 }
+
+// The protocol options of the idempotency app are every route's defaults;
+// a route's own value wins, and the key's place goes whole.
+func TestRoutesInheritProtocolOptions(t *testing.T) {
+	base, err := caddy.ProvisionContext(&caddy.Config{AppsRaw: caddy.ModuleMap{
+		"idempotency": json.RawMessage(`{"key_from":{"json":"/idempotency_key"},"problem_base":"https://docs.example.com/idem",` +
+			`"expiry_header":"Idempotency-Expires","replay_header_always":true,"min_key_length":16,` +
+			`"scope_challenge":"Basic realm=\"api\"","fingerprint":"json","fingerprint_only":["/amount"]}`),
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	provisioned := func(own Handler) Handler {
+		ctx, cancel := caddy.NewContext(base)
+		t.Cleanup(cancel)
+		if err := own.Provision(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := own.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		return own
+	}
+	h := provisioned(Handler{})
+	if h.KeyFrom == nil || h.KeyFrom.JSON != "/idempotency_key" || h.ProblemBase != "https://docs.example.com/idem" ||
+		h.ExpiryHeader != "Idempotency-Expires" || !h.ReplayHeaderAlways || h.MinKeyLength != 16 ||
+		h.ScopeChallenge != `Basic realm="api"` || len(h.FingerprintOnly) != 1 {
+		t.Errorf("the defaults were not inherited: %+v", h.Options)
+	}
+	own := provisioned(Handler{Options: Options{KeyHeader: "X-Key", MinKeyLength: 8, Fingerprint: fingerprintJSON, FingerprintIgnore: []string{"/ts"}}})
+	if own.KeyFrom != nil || own.KeyHeader != "X-Key" || own.MinKeyLength != 8 || len(own.FingerprintOnly) != 0 {
+		t.Errorf("a route's own options lost to the defaults: %+v", own.Options)
+	}
+}
