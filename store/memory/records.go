@@ -22,7 +22,6 @@ func (m *Memory) Acquire(_ context.Context, k store.Key, c *store.Claim) (store.
 // claim records c's claim unless k has a live record, whose blob it returns
 // to be decoded outside the lock.
 func (m *Memory) claim(k store.Key, c *store.Claim) (found store.Encoded, tookOver bool, err error) {
-	blob := store.AppendClaim(nil, c) // outside the lock: it needs nothing from it
 	t := m.tab
 	t.Lock()
 	defer t.Unlock()
@@ -36,6 +35,7 @@ func (m *Memory) claim(k store.Key, c *store.Claim) (found store.Encoded, tookOv
 		tookOver = e.Blob.State() == store.InProgress
 		t.Remove(e)
 	}
+	blob := store.AppendClaim(nil, c) // only now: a replay needs none
 	err = t.MakeRoom(table.Size(blob))
 	m.countEvictions()
 	if err != nil {

@@ -46,7 +46,7 @@ func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (sto
 	for range acquireAttempts {
 		r := new(row)
 		start := time.Now()
-		err := s.db.pool.QueryRow(ctx, s.db.q.acquire, key[:], c.Token[:], bytesOf(c.Endpoint), c.Fingerprint[:], micros(c.Lease), c.CreatedAt).
+		err := s.db.pool.QueryRow(ctx, s.db.q.acquire, key[:], c.Token[:], bytesOf(c.Endpoint), c.Fingerprint[:], micros(c.Lease), c.CreatedAt.UnixMicro()).
 			Scan(r.acquired()...)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
@@ -85,7 +85,7 @@ func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (sto
 // takeOver replaces the key's expired row with c's claim, or reports false
 // when the row is no longer expired or is gone.
 func (s *Store) takeOver(ctx context.Context, key store.Key, c *store.Claim) (bool, error) {
-	tag, err := s.db.pool.Exec(ctx, s.db.q.takeover, key[:], c.Token[:], bytesOf(c.Endpoint), c.Fingerprint[:], micros(c.Lease), c.CreatedAt)
+	tag, err := s.db.pool.Exec(ctx, s.db.q.takeover, key[:], c.Token[:], bytesOf(c.Endpoint), c.Fingerprint[:], micros(c.Lease), c.CreatedAt.UnixMicro())
 	if err != nil {
 		return false, s.unavailable("taking over", err)
 	}

@@ -104,7 +104,7 @@ func newQueries(table, channel string) queries {
 	FROM %[1]s WHERE key = $1
 ), claimed AS (
 	INSERT INTO %[1]s (key, state, token, endpoint, fingerprint, created_at, expires_at)
-	SELECT $1, 'in_progress', $2::bytea, $3::bytea, $4::bytea, $6::timestamptz, now() + $5::bigint * interval '1 microsecond'
+	SELECT $1, 'in_progress', $2::bytea, $3::bytea, $4::bytea, 'epoch'::timestamptz + $6::bigint * interval '1 microsecond', now() + $5::bigint * interval '1 microsecond'
 	WHERE NOT EXISTS (SELECT FROM old)
 	ON CONFLICT (key) DO NOTHING
 	RETURNING 1
@@ -120,7 +120,7 @@ SELECT false, ttl, state, token, endpoint, fingerprint, status, headers, body, t
 		// version, so two takeovers cannot both win. Status 0: unwatched.
 		takeover: fmt.Sprintf(`UPDATE %s SET state = 'in_progress', token = $2, endpoint = $3, fingerprint = $4,
 	status = 0, headers = NULL, body = NULL, truncated = false, outcome_unknown = false, sealed = false,
-	created_at = $6, expires_at = now() + $5::bigint * interval '1 microsecond'
+	created_at = 'epoch'::timestamptz + $6::bigint * interval '1 microsecond', expires_at = now() + $5::bigint * interval '1 microsecond'
 WHERE key = $1 AND `+isExpired, table),
 
 		complete: fmt.Sprintf(`UPDATE %s SET state = 'completed', status = $3, headers = $4, body = $5,

@@ -62,8 +62,8 @@ func checkPlans(t *testing.T, s *Store) {
 	tx := begin(t)
 	q := s.db.q
 	for name, st := range map[string]struct{ sql, args string }{
-		"acquire":  {q.acquire, `'\x01', '\x02', 'POST /', '\x03', 1000, now()`},
-		"takeover": {q.takeover, `'\x01', '\x02', 'POST /', '\x03', 1000, now()`},
+		"acquire":  {q.acquire, `'\x01', '\x02', 'POST /', '\x03', 1000, 1796000000000000`},
+		"takeover": {q.takeover, `'\x01', '\x02', 'POST /', '\x03', 1000, 1796000000000000`},
 		"complete": {q.complete, `'\x01', '\x02', 200, NULL, NULL, false, false, false, 1000`},
 		"release":  {q.release, `'\x01', '\x02'`},
 		"renew":    {q.renew, `'\x01', '\x02', 1000`},
