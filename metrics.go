@@ -45,7 +45,7 @@ func initCollectors() {
 	collectors.renewals = prometheus.NewCounter(prometheus.CounterOpts(opts("lease_renewals_total",
 		"Lease renewals of claims held by long-running requests.")))
 	collectors.takeovers = prometheus.NewCounter(prometheus.CounterOpts(opts("lease_takeovers_total",
-		"Claims that took over a dead owner's claim after its lease passed (memory, file and postgres stores; Redis expires such claims by itself and cannot tell).")))
+		"Claims that took over a dead owner's claim after its lease passed.")))
 	collectors.retriesSkipped = prometheus.NewCounter(prometheus.CounterOpts(opts("background_retries_skipped_total",
 		"Store calls that a request left to retry in the background (storing its response, withdrawing its claim) but that were not started because every background slot was busy; their claims expire by their lease.")))
 	collectors.waiting = prometheus.NewGauge(prometheus.GaugeOpts(opts("waiting_duplicates",

@@ -126,7 +126,7 @@ type Claim struct {
 type Acquired struct {
 	Record *Record
 	// TookOver is set when the claim replaced an in-progress claim whose
-	// lease had passed. Stores that cannot tell (Redis) leave it false.
+	// lease had passed.
 	TookOver bool
 }
 

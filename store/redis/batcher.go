@@ -30,9 +30,53 @@ type lane struct {
 	queued int // the queue's size, about, in bytes of arguments
 }
 
-func newBatcher(client goredis.UniversalClient) *batcher {
+func newBatcher(life context.Context, client goredis.UniversalClient) *batcher {
 	cluster, _ := client.(*goredis.ClusterClient)
-	return &batcher{client: client, cluster: cluster}
+	b := &batcher{client: client, cluster: cluster}
+	if cluster != nil {
+		go b.pruneLanes(life)
+	}
+	return b
+}
+
+// lanePruneInterval is how often a Cluster's lanes are checked against its
+// masters; tests shorten it.
+var lanePruneInterval = time.Minute
+
+// pruneLanes drops the lanes of nodes that are no longer masters (resharded
+// away, removed, replaced), until life ends: go-redis closes such a node's
+// client and gives a node that comes back a new one, so their lanes would
+// pile up in a long-running Caddy. A call that still holds a dropped lane
+// finishes on it, and a master dropped by mistake gets a new lane.
+func (b *batcher) pruneLanes(life context.Context) {
+	tick := time.NewTicker(lanePruneInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-life.Done():
+			return
+		case <-tick.C:
+		}
+		ctx, cancel := context.WithTimeout(life, lanePruneInterval)
+		var mu sync.Mutex
+		masters := make(map[*goredis.Client]bool)
+		err := b.cluster.ForEachMaster(ctx, func(_ context.Context, c *goredis.Client) error {
+			mu.Lock()
+			masters[c] = true
+			mu.Unlock()
+			return nil
+		})
+		cancel()
+		if err != nil {
+			continue // no slot map: nothing to go by
+		}
+		b.lanes.Range(func(master, _ any) bool {
+			if !masters[master.(*goredis.Client)] {
+				b.lanes.Delete(master)
+			}
+			return true
+		})
+	}
 }
 
 // lane is the lane of cmd's master, or, if unknown, the shared one.
@@ -55,12 +99,12 @@ func (b *batcher) lane(ctx context.Context, cmd goredis.Cmder) *lane {
 	return l.(*lane)
 }
 
-// commandKey is SET's first argument, or a script's first key.
+// commandKey is the key of a SET or GET, or a script's first key.
 func commandKey(cmd goredis.Cmder) (string, bool) {
 	args := cmd.Args()
-	pos := 1
-	if len(args) > 0 && args[0] != "set" {
-		pos = 3
+	pos := 3
+	if len(args) > 0 && (args[0] == "set" || args[0] == "get") {
+		pos = 1
 	}
 	if len(args) <= pos {
 		return "", false

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -533,4 +534,74 @@ func proxiedStore(t *testing.T, prefix string, hook goredis.Hook) (*Store, *faul
 	s := storetest.Provision(t, &Store{Addresses: []string{p.Addr()}, KeyPrefix: prefix})
 	s.client.AddHook(hook)
 	return s, p
+}
+
+// laneCount is how many masters b keeps a lane for.
+func laneCount(b *batcher) int {
+	n := 0
+	b.lanes.Range(func(_, _ any) bool { n++; return true })
+	return n
+}
+
+// reshardAll moves every slot of node from, and its keys, to node to, as
+// an operator empties a node before removing it (redis-cli --cluster
+// reshard), and waits until the cluster agrees.
+func reshardAll(t *testing.T, cl *testredis.Cluster, from, to int) {
+	t.Helper()
+	cli, err := exec.LookPath("redis-cli")
+	if err != nil {
+		t.Fatalf("redis-cli not found (install redis-tools): %v", err)
+	}
+	ranges, err := cl.Node(to).ClusterSlots(context.Background()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, r := range ranges {
+		if len(r.Nodes) > 0 && r.Nodes[0].ID == cl.ID(from) {
+			n += r.End - r.Start + 1
+		}
+	}
+	out, err := exec.Command(cli, "--cluster", "reshard", cl.NodeAddr(to), "--cluster-from", cl.ID(from),
+		"--cluster-to", cl.ID(to), "--cluster-slots", strconv.Itoa(n), "--cluster-yes").CombinedOutput()
+	if err != nil {
+		t.Fatalf("redis-cli --cluster reshard: %v\n%s", err, out)
+	}
+	cl.WaitOK(t)
+}
+
+// A master that serves no slot any more (resharded away, then removed or
+// replaced) loses its lane: a long-running Caddy does not keep a lane for
+// every master it ever saw.
+func TestClusterLanesOfMastersThatLeft(t *testing.T) {
+	defer func(d time.Duration) { lanePruneInterval = d }(lanePruneInterval)
+	lanePruneInterval = 100 * time.Millisecond
+	cl := testredis.StartCluster(t, 3)
+	s := openCluster(t, cl, "lanes-left")
+	b := s.calls.(*batcher)
+	keys := make(map[int]store.Key)
+	claims := make(map[int]*store.Claim)
+	for len(keys) < 3 {
+		k := storetest.NewKey()
+		if owner := cl.SlotOwner(t, testredis.KeySlot(s.key(k))); keys[owner] == (store.Key{}) {
+			keys[owner], claims[owner] = k, mustClaimKey(t, s, k)
+		}
+	}
+	if n := laneCount(b); n != 3 {
+		t.Fatalf("%d lanes after a call on each of 3 masters, want 3", n)
+	}
+
+	start := time.Now()
+	reshardAll(t, cl, 2, 0)
+	t.Logf("resharding node 2's slots to node 0 took %v", time.Since(start).Round(time.Millisecond))
+	for deadline := time.Now().Add(10 * time.Second); laneCount(b) != 2; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d lanes 10s after node 2 left the slot map, want 2", laneCount(b))
+		}
+	}
+	// The key that was on node 2 answers from node 0, on node 0's lane.
+	wantStoredRecord(t, s, keys[2], store.InProgress, "", claims[2].Token)
+	if n := laneCount(b); n != 2 {
+		t.Fatalf("%d lanes after a call on a moved key, want 2", n)
+	}
 }

@@ -81,6 +81,7 @@ func TestCluster(t *testing.T) {
 	t.Run("KeySlotMatchesRedis", func(t *testing.T) { testClusterKeySlot(t, cl) })
 	t.Run("Contract", func(t *testing.T) {
 		storetest.Run(t, func(t *testing.T) store.Store { return openCluster(t, cl, "test:"+t.Name()) })
+		storetest.RunTakeover(t, func(t *testing.T) store.Store { return openCluster(t, cl, "test:"+t.Name()) })
 	})
 	t.Run("KeysSpreadAndScriptsRunEverywhere", func(t *testing.T) { testClusterSpread(t, cl) })
 	t.Run("Inspector", func(t *testing.T) {
@@ -92,6 +93,7 @@ func TestCluster(t *testing.T) {
 		})
 	})
 	t.Run("Events", func(t *testing.T) { testClusterEvents(t, cl) })
+	t.Run("EvictionPolicy", func(t *testing.T) { testClusterEvictionPolicy(t, cl) })
 	// Last: it moves a slot.
 	t.Run("EventsFollowTheirSlot", func(t *testing.T) { testClusterEventsFollowTheirSlot(t, cl) })
 }

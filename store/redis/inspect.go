@@ -36,7 +36,8 @@ func (s *Store) defaultName() string {
 	return "redis " + where + " db " + strconv.Itoa(s.opts.DB) + " prefix " + s.prefix
 }
 
-// Lookup reads key's record and its remaining time to live in one MULTI.
+// Lookup reads key's record and its remaining time to live in one MULTI. A
+// claim's lease end is in its head; a dead owner's claim is no live record.
 func (s *Store) Lookup(ctx context.Context, key store.Key) (*store.Record, time.Time, error) {
 	k := s.key(key)
 	var get *goredis.StringCmd
@@ -56,30 +57,53 @@ func (s *Store) Lookup(ctx context.Context, key store.Key) (*store.Record, time.
 	if err != nil {
 		return nil, time.Time{}, store.Unavailable("looking up", err)
 	}
+	t := now()
+	if leasePassed(val, t) {
+		return nil, time.Time{}, nil
+	}
 	rec, err := decode(val)
 	if err != nil {
 		return nil, time.Time{}, err
 	}
-	return rec, expiry(now(), pttl.Val()), nil
+	return rec, expiresAt(rec.State, rec.ExpiresAt, t, pttl.Val()), nil
+}
+
+// expiresAt is when a live record's lease or TTL ends: a claim's lease end
+// from its head, if it has one, else the key's expiry (a PTTL answer).
+func expiresAt(state store.State, leaseEnd, t time.Time, pttl time.Duration) time.Time {
+	if state == store.InProgress && !leaseEnd.IsZero() {
+		return leaseEnd
+	}
+	return expiry(t, pttl)
 }
 
 // Delete deletes key, whoever owns it, and announces the purge; if that
 // fails, other tiers may keep the record until it expires, as the error says.
+// A dead owner's claim is deleted too, but was no live record.
 func (s *Store) Delete(ctx context.Context, key store.Key) (bool, error) {
-	n, err := s.client.Del(ctx, s.key(key)).Result()
+	k := s.key(key)
+	var head *goredis.StringCmd
+	var del *goredis.IntCmd
+	_, err := s.client.TxPipelined(ctx, func(p goredis.Pipeliner) error {
+		head = p.GetRange(ctx, k, 0, int64(store.FlagsOffset))
+		del = p.Del(ctx, k)
+		return nil
+	})
 	if err != nil {
 		return false, store.Unavailable("deleting", err)
 	}
+	found := del.Val() > 0 && !leasePassed(store.Encoded(head.Val()), now())
 	if s.tier != nil {
 		s.tier.Delete(key)
 	}
 	if err := s.announce(ctx, store.EventPurged, key); err != nil {
-		return n > 0, store.Unavailable("announcing the purge to other instances", err)
+		return found, store.Unavailable("announcing the purge to other instances", err)
 	}
-	return n > 0, nil
+	return found, nil
 }
 
-// InFlight SCANs every master for claims, a pipeline of heads and TTLs a batch.
+// InFlight SCANs every master for live claims, a pipeline of heads and TTLs a
+// batch: the TTL is the lease of a claim written without its lease end.
 func (s *Store) InFlight(ctx context.Context, olderThan time.Duration, limit int) ([]store.Entry, error) {
 	if limit <= 0 {
 		return nil, nil
@@ -170,8 +194,9 @@ func (l *lister) inspect(ctx context.Context, c goredis.Cmdable, keys []string) 
 			return err
 		}
 		ttl := ttls[i].Val()
-		// A key deleted or expired since SCAN saw it reads as "" and -2.
-		if store.Encoded(head).State() != store.InProgress || ttl == -2 {
+		// A key deleted or expired since SCAN saw it reads as "" and -2;
+		// a dead owner's claim is no claim in flight.
+		if store.Encoded(head).State() != store.InProgress || ttl == -2 || leasePassed(head, t) {
 			continue
 		}
 		if len(head) >= peekLen {
@@ -190,7 +215,7 @@ func (l *lister) inspect(ctx context.Context, c goredis.Cmdable, keys []string) 
 		}
 		l.mu.Lock()
 		if len(l.found) < l.limit {
-			l.found = append(l.found, store.Entry{Key: key, Summary: store.Summarize(rec), ExpiresAt: expiry(t, ttl)})
+			l.found = append(l.found, store.Entry{Key: key, Summary: store.Summarize(rec), ExpiresAt: expiresAt(rec.State, rec.ExpiresAt, t, ttl)})
 		}
 		l.mu.Unlock()
 	}

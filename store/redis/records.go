@@ -3,6 +3,7 @@ package redis
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"strconv"
 	"strings"
@@ -40,13 +41,15 @@ if bit.band(string.byte(head, {flags_offset} + 1) or 0, {watched}) ~= 0 then ret
 return 1
 `)
 
-// codecScript writes the layout's {owner_len}, {flags_offset} and {watched}
-// into the script: as arguments, Redis would convert them on every call.
+// codecScript writes the layout's {owner_len}, {flags_offset}, {watched} and
+// {lease_end} into the script: as arguments, Redis would convert them on
+// every call.
 func codecScript(src string) *goredis.Script {
 	return goredis.NewScript(strings.NewReplacer(
 		"{owner_len}", strconv.Itoa(store.OwnerLen),
 		"{flags_offset}", strconv.Itoa(store.FlagsOffset),
 		"{watched}", strconv.Itoa(store.FlagWatched),
+		"{lease_end}", strconv.Itoa(leaseEndOffset),
 	).Replace(src))
 }
 
@@ -56,9 +59,30 @@ const (
 	completedBefore = 3
 )
 
-var renewScript = goredis.NewScript(`
-if redis.call('GETRANGE', KEYS[1], 0, #ARGV[1] - 1) ~= ARGV[1] then return 0 end
-return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+// renewScript moves the lease end in the claim's head to ARGV[2] and the
+// key's expiry by as much, so that the trace kept past the lease
+// (keyLife) stays as long as Acquire made it. The times are Unix
+// nanoseconds; as Lua numbers they lose less than a microsecond.
+var renewScript = codecScript(`
+local head = redis.call('GETRANGE', KEYS[1], 0, {lease_end} + 7)
+if string.sub(head, 1, {owner_len}) ~= ARGV[1] then return 0 end
+local moved = struct.unpack('>I8', ARGV[2]) - struct.unpack('>I8', string.sub(head, {lease_end} + 1))
+redis.call('SETRANGE', KEYS[1], {lease_end}, ARGV[2])
+return redis.call('PEXPIRE', KEYS[1], math.max(1, math.floor(redis.call('PTTL', KEYS[1]) + moved / 1e6 + 0.5)))
+`)
+
+// takeoverScript replaces a dead owner's claim, whose head up to its flags
+// is ARGV[1], with the claim ARGV[2] for ARGV[3] ms, and answers 1; a key
+// gone meanwhile it claims too, answering 0. A key that holds anything else
+// now (renewed, ended, taken over by another) it leaves, and answers what
+// it holds, for Acquire to decide again. The flags are left out of the
+// comparison: a waiter may have marked the dead claim watched.
+var takeoverScript = goredis.NewScript(`
+local held = redis.call('GET', KEYS[1])
+if held and string.sub(held, 1, #ARGV[1]) ~= ARGV[1] then return held end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+if held then return 1 end
+return 0
 `)
 
 // bound gives ctx the call deadline on a Cluster, unless it has one as near;
@@ -78,81 +102,202 @@ func noCancel() {}
 // now is replaced by tests.
 var now = time.Now
 
-// Acquire claims key with SET NX GET, or returns the live record; the local
-// tier answers and keeps completed ones. TookOver stays false: a dead owner's
-// claim expires with its lease, and SET NX cannot tell it was there.
-func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (store.Acquired, error) {
-	rec, err := s.acquire(ctx, key, c)
-	return store.Acquired{Record: rec}, err
+// keyLife is how long a claim's key lives: its lease, and as long again as
+// its record would be kept (Claim.TTL). When the owner dies, its retry then
+// finds the dead claim and takes it over (Acquired.TookOver) instead of
+// finding no key and running the request as new. The claim's head says
+// when its lease ends (the expiry field, unused by claims otherwise), by
+// the clock of the instance that wrote or renewed it, and the instance that
+// reads it judges the lease by its own clock: the clocks must agree.
+func keyLife(c *store.Claim) time.Duration {
+	if c.TTL <= 0 {
+		return c.Lease + defaultTrace
+	}
+	return c.Lease + c.TTL
 }
 
-func (s *Store) acquire(ctx context.Context, key store.Key, c *store.Claim) (*store.Record, error) {
+// defaultTrace stands for a TTL the caller left out: the handler's default ttl.
+const defaultTrace = 24 * time.Hour
+
+// leaseEndOffset is where the head keeps a claim's lease end: the expiry
+// field, 8 bytes before the 2-byte status that precedes the flags.
+const leaseEndOffset = store.FlagsOffset - 2 - 8
+
+// maxTakeovers bounds the takeovers one Acquire tries: each finds the key
+// changed since it looked only if another request renewed, ended or took
+// over the claim meanwhile.
+const maxTakeovers = 3
+
+// appendClaim appends c's claim, its lease ending a lease from now.
+func appendClaim(dst []byte, c *store.Claim) []byte {
+	return store.AppendRecord(dst, &store.Record{
+		State: store.InProgress, Token: c.Token, Endpoint: c.Endpoint, Fingerprint: c.Fingerprint,
+		CreatedAt: c.CreatedAt, ExpiresAt: now().Add(c.Lease),
+	})
+}
+
+// leasePassed tells whether b is a claim whose lease has passed by this
+// clock. A claim written without its lease end (by a version before it was
+// kept) lives as long as its key, whose expiry is its lease.
+func leasePassed(b store.Encoded, t time.Time) bool {
+	end := b.ExpiresAt()
+	return b.State() == store.InProgress && !end.IsZero() && !t.Before(end)
+}
+
+// Acquire claims key with SET NX GET (after a GET, with min_replicas), or
+// returns the live record; the local tier answers and keeps completed ones.
+// It takes over a dead owner's claim (keyLife), with takeoverScript.
+func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (store.Acquired, error) {
 	var version uint64
 	if s.tier != nil {
 		if blob := s.tier.Get(key); blob != nil {
-			return decode(blob)
+			rec, err := decode(blob)
+			return store.Acquired{Record: rec}, err
 		}
 		version = s.tier.Version()
 	}
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
+	k := s.key(key)
 	buf := getBuffer()
 	defer putBuffer(buf)
-	*buf = store.AppendClaim((*buf)[:0], c)
-	cmd := goredis.NewStringCmd(ctx, "set", s.key(key), *buf, "nx", "px", millis(c.Lease), "get")
+	*buf = appendClaim((*buf)[:0], c)
+	w := claimWrite{key: key, k: k, c: c, claim: *buf, px: millis(keyLife(c))}
+	var held []byte
+	var tookOver bool
+	var err error
 	if s.replicas != nil {
-		return s.acquireReplicated(ctx, key, c, cmd, version)
+		// Only a claim waits for the replicas, on the connection that wrote
+		// it: a replay, conflict or mismatch answers from this read, as
+		// without min_replicas.
+		get := goredis.NewStringCmd(ctx, "get", k)
+		_ = s.calls.Process(ctx, get)
+		if held, err = get.Bytes(); errors.Is(err, goredis.Nil) {
+			held, err = nil, nil
+		} else if err != nil {
+			return store.Acquired{}, store.Unavailable("acquiring", err)
+		}
 	}
-	_ = s.calls.Process(ctx, cmd)
-	rec, _, err := s.claimAnswer(cmd, c, version, key)
-	return rec, err
+	if held == nil {
+		held, tookOver, err = s.writeClaim(ctx, w, nil)
+	}
+	for tries := 0; held != nil && err == nil; tries++ {
+		if tries == maxTakeovers || !leasePassed(held, now()) {
+			return s.found(key, held, version)
+		}
+		held, tookOver, err = s.writeClaim(ctx, w, held[:store.FlagsOffset])
+	}
+	return store.Acquired{TookOver: tookOver}, err
 }
 
-// acquireReplicated runs cmd on key's master, waiting for replicas if it claimed.
-func (s *Store) acquireReplicated(ctx context.Context, key store.Key, c *store.Claim, cmd *goredis.StringCmd, version uint64) (*store.Record, error) {
-	conn, err := s.replicas.onMaster(ctx, cmd.Args()[1].(string), func(p goredis.Pipeliner, _ bool) goredis.Cmder {
-		_ = p.Process(ctx, cmd)
-		return cmd
-	})
-	if err != nil {
-		return nil, store.Unavailable("acquiring", err)
-	}
-	defer conn.Close()
-	rec, claimed, err := s.claimAnswer(cmd, c, version, key)
-	if !claimed {
-		return rec, err
-	}
-	err = s.replicas.claimed(ctx, conn, func() error {
-		return s.Release(context.WithoutCancel(ctx), key, c.Token)
-	})
-	if err != nil {
-		return nil, store.Unavailable("acquiring", err)
-	}
-	return nil, nil
+// claimWrite is what an Acquire writes.
+type claimWrite struct {
+	key   store.Key
+	k     string
+	c     *store.Claim
+	claim []byte // the encoded claim
+	px    int64  // the key's expiry, in ms
 }
 
-// claimAnswer reads a SET NX GET: claimed, or the live record it found.
-func (s *Store) claimAnswer(cmd *goredis.StringCmd, c *store.Claim, version uint64, key store.Key) (*store.Record, bool, error) {
-	old, err := cmd.Bytes()
-	if errors.Is(err, goredis.Nil) {
-		return nil, true, nil
+// writeClaim writes w's claim: with SET NX GET, or in place of the dead
+// claim whose head is dead. It answers what the key held instead (nil if
+// it holds the claim now) and whether the claim took a dead one's place.
+func (s *Store) writeClaim(ctx context.Context, w claimWrite, dead []byte) ([]byte, bool, error) {
+	var cmd goredis.Cmder
+	var wait *goredis.IntCmd
+	var err error
+	switch {
+	case s.replicas != nil:
+		if cmd, wait, err = s.writeReplicated(ctx, w, dead); err != nil {
+			return nil, false, store.Unavailable("acquiring", err)
+		}
+	case dead == nil:
+		cmd = setClaim(ctx, s.calls, w)
+	default:
+		cmd = takeoverScript.Run(ctx, s.calls, []string{w.k}, dead, w.claim, w.px)
 	}
+	held, wrote, tookOver, err := claimReply(cmd)
 	if err != nil {
 		return nil, false, store.Unavailable("acquiring", err)
 	}
-	rec, err := decode(old)
-	if err != nil {
-		return nil, false, err
+	if held != nil {
+		if !store.Encoded(held).ClaimedBy(w.c.Token) {
+			return held, false, nil
+		}
+		// go-redis's retry after a lost reply found this very claim. If the
+		// reply was a takeover's, saying so keeps the request from running
+		// twice; a claim the key's expiry had freed is told as one too.
+		tookOver = dead != nil
 	}
-	// go-redis's retry after a lost reply may find this very claim.
-	if rec.State == store.InProgress && rec.Token == c.Token {
-		return nil, true, nil
+	if s.replicas != nil {
+		// A retry's first try wrote where this WAIT does not count.
+		err = s.replicas.claimed(wrote, wait, func() error {
+			return s.Release(context.WithoutCancel(ctx), w.key, w.c.Token)
+		})
+		if err != nil {
+			return nil, false, store.Unavailable("acquiring", err)
+		}
+	}
+	return nil, tookOver, nil
+}
+
+// writeReplicated sends writeClaim's write and a WAIT in one pipeline on the
+// key's master, so that the WAIT counts the write; a claim too few replicas
+// acknowledge, writeClaim withdraws.
+func (s *Store) writeReplicated(ctx context.Context, w claimWrite, dead []byte) (goredis.Cmder, *goredis.IntCmd, error) {
+	var cmd goredis.Cmder
+	var wait *goredis.IntCmd
+	err := s.replicas.onMaster(ctx, w.k, func(p goredis.Pipeliner, eval bool) goredis.Cmder {
+		switch {
+		case dead == nil:
+			cmd = setClaim(ctx, p, w)
+		case eval:
+			cmd = takeoverScript.Eval(ctx, p, []string{w.k}, dead, w.claim, w.px)
+		default:
+			cmd = takeoverScript.EvalSha(ctx, p, []string{w.k}, dead, w.claim, w.px)
+		}
+		wait = s.replicas.queueWait(ctx, p)
+		return cmd
+	})
+	return cmd, wait, err
+}
+
+func setClaim(ctx context.Context, p caller, w claimWrite) *goredis.StringCmd {
+	cmd := goredis.NewStringCmd(ctx, "set", w.k, w.claim, "nx", "px", w.px, "get")
+	_ = p.Process(ctx, cmd)
+	return cmd
+}
+
+// claimReply reads a SET NX GET or takeoverScript: whether it wrote the
+// claim (tookOver: in place of a dead one), or else what the key held.
+func claimReply(cmd goredis.Cmder) (held []byte, wrote, tookOver bool, err error) {
+	if set, ok := cmd.(*goredis.StringCmd); ok {
+		held, err = set.Bytes()
+		if errors.Is(err, goredis.Nil) {
+			return nil, true, false, nil
+		}
+		return held, false, false, err
+	}
+	script := cmd.(*goredis.Cmd)
+	if s, ok := script.Val().(string); ok {
+		return []byte(s), false, false, nil
+	}
+	n, err := script.Int64()
+	return nil, err == nil, n == 1, err
+}
+
+// found answers an Acquire that found the live record held, and keeps it in
+// the tier if completed.
+func (s *Store) found(key store.Key, held []byte, version uint64) (store.Acquired, error) {
+	rec, err := decode(held)
+	if err != nil {
+		return store.Acquired{}, err
 	}
 	if s.tier != nil && rec.State == store.Completed {
-		// old is the command's own copy, which rec aliases and nothing writes.
-		s.tier.Put(key, old, version)
+		// held is the command's own copy, which rec aliases and nothing writes.
+		s.tier.Put(key, held, version)
 	}
-	return rec, false, nil
+	return store.Acquired{Record: rec}, nil
 }
 
 func decode(b []byte) (*store.Record, error) {
@@ -207,7 +352,7 @@ func (s *Store) Complete(ctx context.Context, key store.Key, c *store.Claim, res
 func (s *Store) completeReplicated(ctx context.Context, keys []string, args []any, expires time.Time, lease time.Duration) (int64, error) {
 	var script *goredis.Cmd
 	var wait *goredis.IntCmd
-	conn, err := s.replicas.onMaster(ctx, keys[0], func(p goredis.Pipeliner, eval bool) goredis.Cmder {
+	err := s.replicas.onMaster(ctx, keys[0], func(p goredis.Pipeliner, eval bool) goredis.Cmder {
 		if eval {
 			script = completeScript.Eval(ctx, p, keys, args...)
 		} else {
@@ -219,7 +364,6 @@ func (s *Store) completeReplicated(ctx context.Context, keys []string, args []an
 	if err != nil {
 		return 0, store.Unavailable("completing", err)
 	}
-	_ = conn.Close()
 	n, err := s.owned(script, "completing")
 	if err != nil {
 		return n, err
@@ -247,11 +391,13 @@ func (s *Store) Release(ctx context.Context, key store.Key, token store.Token) e
 	return err
 }
 
-// Renew sets the lease of the claim held by token to lease from now.
+// Renew sets the lease of the claim held by token to lease from now, in its
+// head and in the key's expiry.
 func (s *Store) Renew(ctx context.Context, key store.Key, token store.Token, lease time.Duration) error {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	_, err := s.owned(renewScript.Run(ctx, s.calls, []string{s.key(key)}, owner(token), millis(lease)), "renewing")
+	end := binary.BigEndian.AppendUint64(make([]byte, 0, 8), uint64(now().Add(lease).UnixNano()))
+	_, err := s.owned(renewScript.Run(ctx, s.calls, []string{s.key(key)}, owner(token), end), "renewing")
 	return err
 }
 

@@ -17,6 +17,7 @@ import (
 func TestContract(t *testing.T) {
 	srv := testredis.Start(t)
 	storetest.Run(t, func(t *testing.T) store.Store { return open(t, srv) })
+	storetest.RunTakeover(t, func(t *testing.T) store.Store { return open(t, srv) })
 }
 
 func TestUnavailableThenRecovers(t *testing.T) {
@@ -61,12 +62,21 @@ func TestRoundTrips(t *testing.T) {
 	s.client.AddHook(hook)
 	ctx := context.Background()
 
-	// Warm up: load the script and open the connection.
+	// deadClaim is the key of a claim whose lease has passed.
+	deadClaim := func() store.Key {
+		k, c := storetest.NewKey(), claim()
+		c.Lease = time.Millisecond
+		s.Acquire(ctx, k, c)
+		time.Sleep(5 * time.Millisecond)
+		return k
+	}
+	// Warm up: load the scripts and open the connection.
 	k, c := storetest.NewKey(), claim()
 	s.Acquire(ctx, k, c)
 	if err := s.Complete(ctx, k, c, &store.Response{Status: 200}, time.Minute); err != nil {
 		t.Fatal(err)
 	}
+	s.Acquire(ctx, deadClaim(), claim())
 
 	measure := func(name string, wantSent int64, want map[string]int64, f func()) {
 		t.Helper()
@@ -109,6 +119,14 @@ func TestRoundTrips(t *testing.T) {
 	measure("a conflict", 1, map[string]int64{"set": 1}, func() {
 		if rec, err := acquireRecord(ctx, s, k2, claim()); err != nil || rec == nil || rec.State != store.InProgress {
 			t.Fatalf("conflicting Acquire = %+v, %v", rec, err)
+		}
+	})
+	// The SET NX GET finds a dead owner's claim; the script that takes it
+	// over reads it whole (GET: it is no larger than a claim) and writes.
+	k3 := deadClaim()
+	measure("a takeover", 2, map[string]int64{"set": 2, "evalsha": 1, "get": 1}, func() {
+		if got, err := s.Acquire(ctx, k3, claim()); err != nil || got.Record != nil || !got.TookOver {
+			t.Fatalf("Acquire of a dead claim = %+v, %v", got, err)
 		}
 	})
 }

@@ -150,6 +150,7 @@ type sharedClient struct {
 	goredis.UniversalClient
 	events *subscriber
 	calls  *batcher
+	stop   context.CancelFunc // ends the client's watchers
 }
 
 // caller sends the commands that read and write records.
@@ -159,6 +160,7 @@ type caller interface {
 }
 
 func (c *sharedClient) Destruct() error {
+	c.stop()
 	c.events.close()
 	return c.Close()
 }
@@ -166,7 +168,9 @@ func (c *sharedClient) Destruct() error {
 // Provision resolves placeholders, applies defaults and gets a client. It
 // does not fail when Redis is down: requests follow on_store_error until then.
 func (s *Store) Provision(ctx caddy.Context) error {
-	s.logger = ctx.Logger()
+	if s.logger == nil { // one set before, by a test, is kept
+		s.logger = ctx.Logger()
+	}
 	repl := caddy.NewReplacer()
 	resolve := func(v string) string { return repl.ReplaceKnown(v, "") }
 
@@ -217,7 +221,9 @@ func (s *Store) Provision(ctx caddy.Context) error {
 			opts.Dialer = tlsDialer(opts.DialTimeout)
 		}
 		client := goredis.NewUniversalClient(&opts)
-		return &sharedClient{client, newSubscriber(client, cluster, losses, s.logger), newBatcher(client)}, nil
+		life, stop := context.WithCancel(context.Background())
+		go watchEviction(life, client, opts.Addrs, s.logger)
+		return &sharedClient{client, newSubscriber(client, cluster, losses, s.logger), newBatcher(life, client), stop}, nil
 	})
 	if err != nil {
 		s.poolKey = ""

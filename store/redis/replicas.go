@@ -15,7 +15,8 @@ import (
 )
 
 // min_replicas: WAIT counts the replicas having its own connection's writes
-// and cannot run in a script, so writes and waits share a connection.
+// and cannot run in a script, so each WAIT follows its write in one pipeline,
+// which goes on one connection.
 
 const defaultReplicaTimeout = 100 * time.Millisecond
 
@@ -118,19 +119,19 @@ func (r *replication) master(ctx context.Context, key string) (*goredis.Client, 
 	return r.client.(*goredis.Client), nil
 }
 
-// onMaster runs what queue adds in one pipeline on a connection of key's
-// master, returned to wait on and close; it tries again if queue's write is
-// answered MOVED (reloading slots), ASK or NOSCRIPT (then with eval).
-func (r *replication) onMaster(ctx context.Context, key string, queue func(p goredis.Pipeliner, eval bool) goredis.Cmder) (*goredis.Conn, error) {
+// onMaster runs what queue adds as one pipeline on key's master (the node
+// itself: a Cluster client would send a keyless WAIT to any node); it tries
+// again if queue's write is answered MOVED (reloading slots), ASK or NOSCRIPT
+// (then with eval).
+func (r *replication) onMaster(ctx context.Context, key string, queue func(p goredis.Pipeliner, eval bool) goredis.Cmder) error {
 	node, err := r.master(ctx, key)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	var asking, eval bool
 	for attempt := 0; ; attempt++ {
-		conn := node.Conn()
 		var write goredis.Cmder
-		_, _ = conn.Pipelined(ctx, func(p goredis.Pipeliner) error {
+		_, _ = node.Pipelined(ctx, func(p goredis.Pipeliner) error {
 			if asking {
 				p.Do(ctx, "asking")
 			}
@@ -141,9 +142,8 @@ func (r *replication) onMaster(ctx context.Context, key string, queue func(p gor
 		ask, addr, redirected := redirect(err)
 		noScript := err != nil && !eval && goredis.HasErrorPrefix(err, "NOSCRIPT")
 		if attempt == 2 || (!redirected && !noScript) {
-			return conn, nil
+			return nil
 		}
-		_ = conn.Close()
 		switch {
 		case noScript:
 			eval = true
@@ -153,12 +153,12 @@ func (r *replication) onMaster(ctx context.Context, key string, queue func(p gor
 			cc := r.client.(*goredis.ClusterClient)
 			cc.ReloadState(ctx)
 			if node, err = cc.MasterForKey(ctx, key); err != nil {
-				return nil, err
+				return err
 			}
 			asking = false
 		}
 		if node == nil {
-			return nil, fmt.Errorf("no cluster master at %s", addr)
+			return fmt.Errorf("no cluster master at %s", addr)
 		}
 	}
 }
@@ -196,17 +196,20 @@ func (r *replication) node(ctx context.Context, addr string) *goredis.Client {
 	return found
 }
 
-// claimed waits for the replicas to have conn's claim, or withdraws it and fails.
-func (r *replication) claimed(ctx context.Context, conn *goredis.Conn, release func() error) error {
-	n, err := conn.Wait(ctx, r.want, r.timeout).Result()
-	if err == nil && int(n) >= r.want {
-		return nil
-	}
-	if err == nil {
+// claimed reads the WAIT that followed a claim on its connection, and
+// withdraws the claim and fails if fewer replicas than min_replicas have it.
+func (r *replication) claimed(wrote bool, wait *goredis.IntCmd, release func() error) error {
+	n, err := wait.Result()
+	switch {
+	case !wrote:
+		err = errors.New("the claim's reply was lost, so no WAIT counted it")
+	case err != nil:
+		err = fmt.Errorf("waiting for min_replicas (the server must accept WAIT): %w", err)
+	case int(n) < r.want:
 		r.shortClaims.Inc()
 		err = fmt.Errorf("%w: %d of %d acknowledged the claim within %v", errTooFewReplicas, n, r.want, r.timeout)
-	} else {
-		err = fmt.Errorf("waiting for min_replicas (the server must accept WAIT): %w", err)
+	default:
+		return nil
 	}
 	if rerr := release(); rerr != nil {
 		r.logger.Warn("withdrawing a claim the replicas did not acknowledge", zap.Error(rerr))

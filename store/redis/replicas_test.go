@@ -109,6 +109,7 @@ func openReplicated(t testing.TB, sg *testredis.Sentinel, prefix string) *Store 
 func TestMinReplicasContract(t *testing.T) {
 	sg := testredis.StartSentinel(t)
 	storetest.Run(t, func(t *testing.T) store.Store { return openReplicated(t, sg, "test:"+t.Name()) })
+	storetest.RunTakeover(t, func(t *testing.T) store.Store { return openReplicated(t, sg, "test:"+t.Name()) })
 }
 
 // A claim that no replica acknowledged (the replication link blackholed)
@@ -338,6 +339,7 @@ func TestMinReplicasCluster(t *testing.T) {
 		return storetest.Provision(t, &Store{Addresses: c.Addrs(), KeyPrefix: prefix, MinReplicas: 1})
 	}
 	storetest.Run(t, func(t *testing.T) store.Store { return open(t, "test:"+t.Name()) })
+	storetest.RunTakeover(t, func(t *testing.T) store.Store { return open(t, "test:"+t.Name()) })
 
 	s := open(t, "cluster-replicas")
 	ctx := context.Background()
@@ -477,4 +479,35 @@ func TestMinReplicasCompleteAfterScriptFlush(t *testing.T) {
 			t.Fatalf("the completion is not on the replica when Complete returns: %v", err)
 		}
 	}
+}
+
+// A replay writes nothing and waits for no replica, so with min_replicas it
+// costs what it costs without: no connection of its own, no more allocations.
+func TestMinReplicasReplayCostsNoMore(t *testing.T) {
+	sg := testredis.StartSentinel(t)
+	plain, replicated := openSentinel(t, sg, "replaycost"), openReplicated(t, sg, "replaycost")
+	ctx := context.Background()
+	k := storetest.NewKey()
+	c := mustClaimKey(t, replicated, k)
+	if err := replicated.Complete(ctx, k, c, testResponse("done"), time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	retry := claim()
+	allocs := func(s *Store) float64 {
+		return testing.AllocsPerRun(500, func() {
+			if rec, err := acquireRecord(ctx, s, k, retry); err != nil || rec == nil {
+				t.Fatalf("replay = %+v, %v", rec, err)
+			}
+		})
+	}
+	without, with := allocs(plain), allocs(replicated)
+	t.Logf("allocations per replay: %v with min_replicas 0, %v with 1", without, with)
+	if with > without+1 {
+		t.Errorf("a replay with min_replicas 1 makes %v allocations, %v without: it must cost no more", with, without)
+	}
+}
+
+// A replay with min_replicas 1, as BenchmarkReplay measures one without.
+func BenchmarkReplayMinReplicas(b *testing.B) {
+	benchmarkReplay(b, openReplicated(b, testredis.StartSentinel(b), "bench"))
 }

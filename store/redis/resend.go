@@ -93,15 +93,13 @@ func (r *replication) resendAll(ctx context.Context, pending []resend) []resend 
 		callCtx, cancel := context.WithTimeout(ctx, 2*r.timeout+time.Second)
 		var wait *goredis.IntCmd
 		results := make([]*goredis.Cmd, len(group))
-		conn := node.Conn()
-		_, _ = conn.Pipelined(callCtx, func(p goredis.Pipeliner) error {
+		_, _ = node.Pipelined(callCtx, func(p goredis.Pipeliner) error {
 			for i, rs := range group {
 				results[i] = resendScript.Eval(callCtx, p, []string{rs.key}, rs.owner, rs.record, millis(rs.expires.Sub(now)))
 			}
 			wait = r.queueWait(callCtx, p)
 			return nil
 		})
-		_ = conn.Close()
 		cancel()
 		n, werr := wait.Result()
 		for i, rs := range group {

@@ -36,6 +36,7 @@ func openSentinel(t testing.TB, sg *testredis.Sentinel, prefix string) *Store {
 func TestSentinelContract(t *testing.T) {
 	sg := testredis.StartSentinelWith(t, testredis.SentinelOptions{Sentinels: 3})
 	storetest.Run(t, func(t *testing.T) store.Store { return openSentinel(t, sg, "test:"+t.Name()) })
+	storetest.RunTakeover(t, func(t *testing.T) store.Store { return openSentinel(t, sg, "test:"+t.Name()) })
 	// Everything went to the master, and the replica has it too.
 	sg.WaitReplicated(t)
 	ctx := context.Background()

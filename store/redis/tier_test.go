@@ -58,6 +58,7 @@ func replay(t testing.TB, s *Store, k store.Key) *store.Record {
 func TestContractWithLocalCache(t *testing.T) {
 	srv := testredis.Start(t)
 	storetest.Run(t, func(t *testing.T) store.Store { return openCached(t, srv, 1<<20) })
+	storetest.RunTakeover(t, func(t *testing.T) store.Store { return openCached(t, srv, 1<<20) })
 }
 
 // A record this instance completed, or read once from Redis, is replayed

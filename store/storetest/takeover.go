@@ -9,7 +9,7 @@ import (
 
 // RunTakeover checks that a store reports takeovers in Acquired.TookOver: set
 // when a claim replaced an in-progress claim whose lease had passed, and
-// only then. Stores that cannot tell (Redis) do not run it.
+// only then.
 func RunTakeover(t *testing.T, open Opener) {
 	t.Run("TookOver", func(t *testing.T) {
 		t.Run("FreshClaim", func(t *testing.T) { testTakeoverFresh(t, open(t)) })
