@@ -41,8 +41,8 @@ func (a *attempt) replay(rec *store.Record) error {
 	body, decoded := rec.Body, false
 	bodyless := !bodyAllowed(rec.Status)
 	if bodyless {
-		// a record stored before the recorder dropped such bodies may
-		// hold one, which net/http would refuse
+		// a record may hold one all the same (the recorder stores none),
+		// which net/http would refuse
 		body = nil
 	} else if codings := rec.Header["Content-Encoding"]; len(codings) > 0 && !acceptsCodings(a.r.Header["Accept-Encoding"], codings) {
 		if ok, err := a.awaitDecodeSlot(); !ok {
