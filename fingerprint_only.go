@@ -18,12 +18,9 @@ const tagSelected = 's'
 // compileOnly turns fingerprint_only's pointers into their tokens; "*"
 // matches every member or element, as in fingerprint_ignore.
 func compileOnly(pointers []string) ([][]string, error) {
-	if _, err := canonjson.Compile(pointers); err != nil { // the same syntax as fingerprint_ignore
-		return nil, err
-	}
 	only := make([][]string, len(pointers))
 	for i, p := range pointers {
-		tokens, err := pointerTokens(p)
+		tokens, err := canonjson.ParsePointer(p)
 		if err != nil {
 			return nil, err
 		}

@@ -6,7 +6,8 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
-	"strings"
+
+	"github.com/caddy-idempotency/caddy-idempotency/internal/canonjson"
 )
 
 // KeyFrom says where a request's key is read, when not from a header
@@ -39,9 +40,9 @@ func newKeySource(header string, from *KeyFrom) (keySource, error) {
 		return keySource{query: from.Query,
 			where: "the " + from.Query + " query parameter", what: "The " + from.Query + " query parameter"}, nil
 	case from != nil && from.JSON != "":
-		tokens, err := pointerTokens(from.JSON)
+		tokens, err := canonjson.ParsePointer(from.JSON)
 		if err != nil {
-			return keySource{}, err
+			return keySource{}, fmt.Errorf("key_from json: %w", err)
 		}
 		return keySource{pointer: tokens,
 			where: "the " + from.JSON + " member of its JSON body, a string", what: "The " + from.JSON + " member of the JSON body"}, nil
@@ -93,21 +94,4 @@ func jsonMember(body []byte, pointer []string) (string, bool) {
 	}
 	s, ok := v.(string)
 	return s, ok
-}
-
-// pointerTokens splits an RFC 6901 pointer into its unescaped tokens.
-func pointerTokens(ptr string) ([]string, error) {
-	if !strings.HasPrefix(ptr, "/") {
-		return nil, fmt.Errorf("key_from json: %q is not a JSON pointer (RFC 6901): must start with /", ptr)
-	}
-	tokens := strings.Split(ptr[1:], "/")
-	for i, t := range tokens {
-		for j := 0; j < len(t); j++ {
-			if t[j] == '~' && (j+1 == len(t) || (t[j+1] != '0' && t[j+1] != '1')) {
-				return nil, fmt.Errorf("key_from json: %q: ~ must be followed by 0 or 1", ptr)
-			}
-		}
-		tokens[i] = strings.ReplaceAll(strings.ReplaceAll(t, "~1", "/"), "~0", "~")
-	}
-	return tokens, nil
 }

@@ -43,9 +43,9 @@ func Compile(pointers []string) (*Ignore, error) {
 	root := &trieNode{id: 0}
 	nodes := []*trieNode{root}
 	for _, ptr := range pointers {
-		tokens, err := parsePointer(ptr)
+		tokens, err := ParsePointer(ptr)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("fingerprint_ignore: %w", err)
 		}
 		n := root
 		for _, t := range tokens {
@@ -56,9 +56,10 @@ func Compile(pointers []string) (*Ignore, error) {
 	return build(nodes)
 }
 
-func parsePointer(ptr string) ([]string, error) {
+// ParsePointer splits an RFC 6901 pointer into its unescaped tokens.
+func ParsePointer(ptr string) ([]string, error) {
 	bad := func(why string) error {
-		return fmt.Errorf("fingerprint_ignore: '%s' is not a JSON pointer (RFC 6901): %s", ptr, why)
+		return fmt.Errorf("'%s' is not a JSON pointer (RFC 6901): %s", ptr, why)
 	}
 	if !strings.HasPrefix(ptr, "/") {
 		return nil, bad("must start with /")
