@@ -99,51 +99,14 @@ func TestFileStoreRestart(t *testing.T) {
 	// replay it.
 	t.Run("killed_mid_request", func(t *testing.T) {
 		t.Parallel()
-		const lease = 2 * time.Second
-		dir := t.TempDir()
-		u := startUpstream(t)
-		site := proxySite(u, fileStore(dir)+"\nlock_timeout 2s")
-		a := startCaddy(t, "A", site)
-		cl := newClient(t)
-		const key = "crash-1"
-		mk := func(c *caddyProc) func() *http.Request {
-			return func() *http.Request {
-				// The first run takes 20s (A dies during it); the second is fast.
-				return req(http.MethodPost, c.URL+"/payments", key, []byte(`{"amount":99}`), hdrDelay, "20s,0", "Host", "api.test")
-			}
-		}
-		errc := make(chan error, 1)
-		go func() {
-			_, err := do(cl, mk(a)())
-			errc <- err
-		}()
-		select {
-		case <-u.startedCh(key):
-		case <-time.After(15 * time.Second):
-			t.Fatal("the request to A did not reach the upstream")
-		}
-		// Past one lease, the running request has renewed its claim.
-		time.Sleep(lease + 500*time.Millisecond)
-		wantProblem(t, "retry while A runs the request, past one lease", send(t, cl, mk(a)()), http.StatusConflict, "outstanding", true)
-
-		a.Kill()
-		killed := time.Now()
-		select {
-		case err := <-errc:
-			if err == nil {
-				t.Fatal("A's client got an answer although A was killed")
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatal("A's client did not notice that A died")
-		}
-		a2 := startCaddy(t, "A restarted", site)
-		t.Logf("file store: restart took %v", time.Since(killed).Round(time.Millisecond))
-		// The restarted Caddy reads A's claim from the journal: 409 until
-		// its lease passes, then one run anew, then replays.
-		crashedOwnerTakeover(t, u, key, mk(a2), lease, killed, false)
-		if !eventually(10*time.Second, 10*time.Millisecond, func() bool { return u.cancelled(key) == 1 }) {
-			t.Errorf("the run cut by the kill was not cancelled at the upstream (cancelled %d, completed %d)", u.cancelled(key), u.completions(key))
-		}
+		fileKilledMidRequest(t, false)
+	})
+	// The same under on_unknown_outcome keep: at most once across the
+	// SIGKILL, the takeover is the request's unknown outcome (502 until
+	// ttl), and the upstream saw the request once.
+	t.Run("killed_mid_request_keep", func(t *testing.T) {
+		t.Parallel()
+		fileKilledMidRequest(t, true)
 	})
 
 	// A graceful stop (SIGTERM, as a deploy does) keeps completed records
@@ -215,4 +178,67 @@ func stopGracefully(t *testing.T, c *caddyProc) {
 		t.Fatalf("caddy %s did not stop on SIGTERM: %v", c.name, c.cmd.ProcessState)
 	}
 	t.Logf("caddy %s stopped gracefully in %v (%v)", c.name, time.Since(start).Round(time.Millisecond), c.cmd.ProcessState)
+}
+
+// fileKilledMidRequest kills Caddy while the upstream runs a request on
+// the file store, past one renewed lease, and starts it again on the same
+// path: the restarted Caddy finds the dead process's renewed claim, so
+// retries get 409 while that lease lasts; then one runs the request anew,
+// or with keep is answered as its unknown outcome.
+func fileKilledMidRequest(t *testing.T, keep bool) {
+	const lease = 2 * time.Second
+	dir := t.TempDir()
+	u := startUpstream(t)
+	options := fileStore(dir) + "\nlock_timeout 2s"
+	if keep {
+		options += "\non_unknown_outcome keep"
+	}
+	site := proxySite(u, options)
+	a := startCaddy(t, "A", site)
+	cl := newClient(t)
+	const key = "crash-1"
+	mk := func(c *caddyProc) func() *http.Request {
+		return func() *http.Request {
+			// The first run takes 20s (A dies during it); a second is fast.
+			return req(http.MethodPost, c.URL+"/payments", key, []byte(`{"amount":99}`), hdrDelay, "20s,0", "Host", "api.test")
+		}
+	}
+	errc := make(chan error, 1)
+	go func() {
+		_, err := do(cl, mk(a)())
+		errc <- err
+	}()
+	select {
+	case <-u.startedCh(key):
+	case <-time.After(15 * time.Second):
+		t.Fatal("the request to A did not reach the upstream")
+	}
+	// Past one lease, the running request has renewed its claim: the
+	// restarted Caddy must find the renewed lease, not the first.
+	time.Sleep(lease + 500*time.Millisecond)
+	wantProblem(t, "retry while A runs the request, past one lease", send(t, cl, mk(a)()), http.StatusConflict, "outstanding", true)
+
+	a.Kill()
+	killed := time.Now()
+	select {
+	case err := <-errc:
+		if err == nil {
+			t.Fatal("A's client got an answer although A was killed")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("A's client did not notice that A died")
+	}
+	a2 := startCaddy(t, "A restarted", site)
+	ready := time.Now()
+	res, sentAt, conflicts := crashedOwnerTakeover(t, u, key, mk(a2), lease, killed, keep)
+	// The renewed claim ends at least two thirds of a lease after the
+	// kill: a restart well within that finds it in progress.
+	if ready.Sub(killed) < lease/2 && conflicts == 0 {
+		t.Fatalf("the restarted Caddy, ready %v after the kill, took the claim over at once: %s", ready.Sub(killed).Round(time.Millisecond), res)
+	}
+	t.Logf("file store: restart took %v; %d x 409, then the takeover %v after the kill (lock_timeout %v)",
+		ready.Sub(killed).Round(time.Millisecond), conflicts, sentAt.Sub(killed).Round(time.Millisecond), lease)
+	if !eventually(10*time.Second, 10*time.Millisecond, func() bool { return u.cancelled(key) == 1 }) {
+		t.Errorf("the run cut by the kill was not cancelled at the upstream (cancelled %d, completed %d)", u.cancelled(key), u.completions(key))
+	}
 }
