@@ -422,16 +422,6 @@ func yesNo(b bool) string {
 // the backslash that would make an escape ambiguous, are written as Go
 // escapes.
 func printable(s string) string {
-	clean := true
-	for _, r := range s {
-		if r == '\\' || !unicode.IsPrint(r) {
-			clean = false
-			break
-		}
-	}
-	if clean {
-		return s
-	}
 	var b strings.Builder
 	for _, r := range s {
 		switch {

@@ -78,6 +78,9 @@ var storeConfigs = []struct {
 	}},
 }
 
+// docsURL is where problem types point by default (problem_base).
+const docsURL = defaultProblemBase + "#"
+
 var testSeq atomic.Int64
 
 func itoa(n int64) string { b, _ := json.Marshal(n); return string(b) }

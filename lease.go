@@ -29,8 +29,8 @@ type leases struct {
 	tick    time.Duration
 
 	mu      sync.Mutex
-	head    *run // the running requests, a doubly linked list
-	running bool // the goroutine is alive
+	runs    map[*run]struct{} // the running requests
+	running bool              // the goroutine is alive
 }
 
 const (
@@ -47,17 +47,17 @@ type run struct {
 	client context.Context    // the request's own context: done when the client leaves
 	cancel context.CancelFunc // ends the work
 
-	prev, next *run
-	held       time.Time // when the claim lapses unless renewed
-	claimedAt  time.Time // when it was last claimed or renewed
-	goneAt     time.Time // when the client was first seen gone
-	renewing   bool      // a renewal is in flight, or the claim is lost
-	cancelled  bool
-	done       bool
+	held      time.Time // when the claim lapses unless renewed
+	claimedAt time.Time // when it was last claimed or renewed
+	goneAt    time.Time // when the client was first seen gone
+	renewing  bool      // a renewal is in flight, or the claim is lost
+	cancelled bool
+	done      bool
 }
 
 func newLeases(s store.Store, lease time.Duration, m *metrics, logger *zap.Logger) *leases {
-	return &leases{store: s, metrics: m, logger: logger, lease: lease, tick: max(lease/leaseTicks, minLeaseTick)}
+	return &leases{store: s, metrics: m, logger: logger, lease: lease, tick: max(lease/leaseTicks, minLeaseTick),
+		runs: make(map[*run]struct{})}
 }
 
 // start registers a request that just claimed its key, and returns its
@@ -70,11 +70,7 @@ func (l *leases) start(client context.Context, key store.Key, tok store.Token, s
 	ctx, cancel := context.WithCancel(context.WithoutCancel(client))
 	r := &run{key: key, token: tok, client: client, cancel: cancel, claimedAt: sent, held: sent.Add(l.lease)}
 	l.mu.Lock()
-	r.next = l.head
-	if l.head != nil {
-		l.head.prev = r
-	}
-	l.head = r
+	l.runs[r] = struct{}{}
 	if !l.running {
 		l.running = true
 		go l.watch()
@@ -88,15 +84,7 @@ func (l *leases) start(client context.Context, key store.Key, tok store.Token, s
 func (l *leases) stop(r *run) {
 	l.mu.Lock()
 	r.done = true
-	if r.prev != nil {
-		r.prev.next = r.next
-	} else {
-		l.head = r.next
-	}
-	if r.next != nil {
-		r.next.prev = r.prev
-	}
-	r.prev, r.next = nil, nil
+	delete(l.runs, r)
 	l.mu.Unlock()
 	r.cancel()
 }
@@ -107,12 +95,12 @@ func (l *leases) watch() {
 	defer t.Stop()
 	for now := range t.C {
 		l.mu.Lock()
-		if l.head == nil {
+		if len(l.runs) == 0 {
 			l.running = false
 			l.mu.Unlock()
 			return
 		}
-		for r := l.head; r != nil; r = r.next {
+		for r := range l.runs {
 			l.check(r, now)
 		}
 		l.mu.Unlock()

@@ -25,7 +25,7 @@ func TestLeaseKeeperRunsOnlyWhileRequestsDo(t *testing.T) {
 	running := func() bool {
 		h.leases.mu.Lock()
 		defer h.leases.mu.Unlock()
-		return h.leases.running || h.leases.head != nil
+		return h.leases.running || len(h.leases.runs) > 0
 	}
 	if running() {
 		t.Fatal("the keeper runs before any request")

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"reflect"
+	"slices"
 	"strings"
 	"time"
 
@@ -247,64 +249,70 @@ type Options struct {
 	StoreRaw json.RawMessage `json:"store,omitempty" caddy:"namespace=http.idempotency.stores inline_key=module"`
 }
 
+// defaults holds every option's documented default.
+var defaults = Options{
+	KeyHeader:        defaultKeyHeader,
+	Methods:          defaultMethods,
+	Scope:            defaultScope,
+	ScopeChallenge:   "Bearer",
+	ProblemBase:      defaultProblemBase,
+	MinKeyLength:     1,
+	Endpoint:         defaultEndpoint,
+	Fingerprint:      fingerprintBody,
+	TTL:              caddy.Duration(defaultTTL),
+	LockTimeout:      caddy.Duration(defaultLockTimeout),
+	MaxRequestBody:   defaultMaxBody,
+	MaxResponseBody:  defaultMaxBody,
+	OnStoreError:     failClosed,
+	OnConflict:       conflictReject,
+	OnUnknownOutcome: unknownRelease,
+	ReleaseStatuses:  defaultReleaseStatuses,
+	ReplayHeader:     defaultReplayHeader,
+}
+
 // setDefaults fills every option left unset with its documented default.
 func (o *Options) setDefaults() {
-	if o.KeyHeader == "" {
-		o.KeyHeader = defaultKeyHeader
-	}
-	if o.ScopeChallenge == "" {
-		o.ScopeChallenge = "Bearer"
-	}
-	if o.ProblemBase == "" {
-		o.ProblemBase = defaultProblemBase
-	}
-	if o.MinKeyLength == 0 {
-		o.MinKeyLength = 1
-	}
-	if len(o.Methods) == 0 {
-		o.Methods = append([]string(nil), defaultMethods...)
-	}
+	o.inherit(&defaults)
 	for i, m := range o.Methods {
 		o.Methods[i] = strings.ToUpper(m)
-	}
-	if o.Scope == "" {
-		o.Scope = defaultScope
-	}
-	if o.Endpoint == "" {
-		o.Endpoint = defaultEndpoint
-	}
-	if o.Fingerprint == "" {
-		o.Fingerprint = fingerprintBody
-	}
-	if o.TTL == 0 {
-		o.TTL = caddy.Duration(defaultTTL)
-	}
-	if o.LockTimeout == 0 {
-		o.LockTimeout = caddy.Duration(defaultLockTimeout)
-	}
-	if o.MaxRequestBody == 0 {
-		o.MaxRequestBody = defaultMaxBody
-	}
-	if o.MaxResponseBody == 0 {
-		o.MaxResponseBody = defaultMaxBody
-	}
-	if o.OnStoreError == "" {
-		o.OnStoreError = failClosed
-	}
-	if o.OnConflict == "" {
-		o.OnConflict = conflictReject
 	}
 	if o.OnConflict == conflictReject {
 		o.MaxWait = 0
 	}
-	if o.OnUnknownOutcome == "" {
-		o.OnUnknownOutcome = unknownRelease
+}
+
+// inherit fills the options that o leaves unset (zero) from d: the app's
+// defaults, or the documented ones. It walks the fields, so that an option
+// added to Options is inherited without a line here; only the options that
+// go together are taken together, and the store is not an option a route
+// inherits (it shares the app's instance instead).
+func (o *Options) inherit(d *Options) {
+	if o.KeyFrom == nil && o.KeyHeader == "" {
+		o.KeyFrom, o.KeyHeader = d.KeyFrom, d.KeyHeader // not a route's header with the app's key_from
 	}
-	if len(o.ReleaseStatuses) == 0 {
-		o.ReleaseStatuses = append([]int(nil), defaultReleaseStatuses...)
+	if o.OnConflict == "" {
+		o.OnConflict, o.MaxWait = d.OnConflict, d.MaxWait
 	}
-	if o.ReplayHeader == "" {
-		o.ReplayHeader = defaultReplayHeader
+	if o.Fingerprint == "" {
+		o.Fingerprint = d.Fingerprint
+	}
+	if o.Fingerprint == d.Fingerprint && len(o.FingerprintIgnore) == 0 && len(o.FingerprintOnly) == 0 {
+		// the pointers go with the mode: a route with a mode of its own
+		// does not take the defaults' pointers for another
+		o.FingerprintIgnore, o.FingerprintOnly = slices.Clone(d.FingerprintIgnore), slices.Clone(d.FingerprintOnly)
+	}
+	own, def := reflect.ValueOf(o).Elem(), reflect.ValueOf(d).Elem()
+	for i := range own.NumField() {
+		switch own.Type().Field(i).Name {
+		case "KeyFrom", "KeyHeader", "OnConflict", "MaxWait", "Fingerprint", "FingerprintIgnore", "FingerprintOnly", "StoreRaw":
+			continue
+		}
+		if v := own.Field(i); v.IsZero() && !def.Field(i).IsZero() {
+			v.Set(def.Field(i))
+			if v.Kind() == reflect.Slice { // a copy: setDefaults changes Methods in place
+				v.Set(reflect.AppendSlice(reflect.MakeSlice(v.Type(), 0, v.Len()), v))
+			}
+		}
 	}
 }
 

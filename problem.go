@@ -12,11 +12,6 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
 
-// docsURL anchors problem types in the README by default (problem_base),
-// which documents each answer:
-// the IETF draft asks a deployment to link its own idempotency policy.
-const docsURL = defaultProblemBase + "#"
-
 // problem is an RFC 9457 problem details answer, rendered at provision so
 // that refusing costs no encoding.
 type problem struct {
@@ -55,13 +50,7 @@ func (p *problem) answer(w http.ResponseWriter, r *http.Request, repl *caddy.Rep
 	repl.Set("http.idempotency.problem.title", p.title)
 	repl.Set("http.idempotency.problem.detail", p.detail)
 	repl.Set("http.idempotency.problem.body", string(p.body))
-	w.Header()["Cache-Control"] = noStore
-	if p.retryAfter != nil {
-		w.Header()["Retry-After"] = p.retryAfter
-	}
-	if p.challenge != nil {
-		w.Header()["Www-Authenticate"] = p.challenge
-	}
+	p.setHeaders(w.Header())
 	aw := &answerWatcher{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, status: p.status}
 	err := p.routes.of(srv).ServeHTTP(aw, srv.Errors.WithError(r, caddyhttp.Error(p.status, p)))
 	if err == nil && !aw.answered {
@@ -143,6 +132,13 @@ func (p *problem) write(w http.ResponseWriter) {
 	h["Content-Language"] = english
 	h["X-Content-Type-Options"] = noSniff
 	h["Content-Length"] = []string{strconv.Itoa(len(p.body))}
+	p.setHeaders(h)
+	w.WriteHeader(p.status)
+	w.Write(p.body)
+}
+
+// setHeaders sets the headers of every answer of p, by a route or not.
+func (p *problem) setHeaders(h http.Header) {
 	h["Cache-Control"] = noStore
 	if p.retryAfter != nil {
 		h["Retry-After"] = p.retryAfter
@@ -150,8 +146,6 @@ func (p *problem) write(w http.ResponseWriter) {
 	if p.challenge != nil {
 		h["Www-Authenticate"] = p.challenge
 	}
-	w.WriteHeader(p.status)
-	w.Write(p.body)
 }
 
 // problemKind names each answer the handler gives on its own.

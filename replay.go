@@ -153,14 +153,7 @@ func (a *attempt) awaitDecodeSlot() (bool, error) {
 	select {
 	case decodeSlots <- struct{}{}:
 		return true, nil
-	default:
-	}
-	wait := time.NewTimer(decodeWait)
-	defer wait.Stop()
-	select {
-	case decodeSlots <- struct{}{}:
-		return true, nil
-	case <-wait.C:
+	case <-time.After(decodeWait):
 		return false, a.refuse(problemReplayBusy)
 	case <-a.r.Context().Done():
 		a.result(resultGone)
@@ -174,15 +167,25 @@ func (a *attempt) awaitDecodeSlot() (bool, error) {
 // request without Accept-Encoding takes none: RFC 9110 would allow any,
 // but such clients (curl, most scripts) cannot decode them.
 func acceptsCodings(accept, codings []string) bool {
-	for _, line := range codings {
-		for coding := range strings.SplitSeq(line, ",") {
-			coding = strings.ToLower(strings.TrimSpace(coding))
-			if coding != "" && coding != "identity" && !acceptsCoding(accept, coding) {
-				return false
-			}
+	for _, coding := range codingNames(codings) {
+		if !acceptsCoding(accept, coding) {
+			return false
 		}
 	}
 	return true
+}
+
+// codingNames lists the codings of Content-Encoding lines, in the order
+// they were applied, in lower case, without identity.
+func codingNames(lines []string) (names []string) {
+	for _, line := range lines {
+		for coding := range strings.SplitSeq(line, ",") {
+			if coding = strings.ToLower(strings.TrimSpace(coding)); coding != "" && coding != "identity" {
+				names = append(names, coding)
+			}
+		}
+	}
+	return names
 }
 
 // acceptsCoding reports whether accept names coding, or *, with a
@@ -228,14 +231,7 @@ func weight(params string) float64 {
 // applied first. It reports false for a coding it cannot decode, a
 // corrupt body, or one that decodes to more than maxDecodedBody.
 func decodeBody(codings []string, body []byte) ([]byte, bool) {
-	var names []string
-	for _, line := range codings {
-		for coding := range strings.SplitSeq(line, ",") {
-			if coding = strings.ToLower(strings.TrimSpace(coding)); coding != "" && coding != "identity" {
-				names = append(names, coding)
-			}
-		}
-	}
+	names := codingNames(codings)
 	for i := len(names) - 1; i >= 0; i-- {
 		var err error
 		if body, err = decode(names[i], body); err != nil {
