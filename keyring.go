@@ -195,20 +195,10 @@ func bodySize(rec *store.Record) int {
 // handler compares endpoint and fingerprint with the request's, but in the
 // store they could be changed to match another request's.
 func sealAAD(k store.Key, rec *store.Record, head []byte) []byte {
-	var flags byte
-	if rec.Truncated {
-		flags |= 1
-	}
-	if rec.OutcomeUnknown {
-		flags |= 2
-	}
-	if rec.Sealed {
-		flags |= 4
-	}
 	aad := make([]byte, 0, len(k)+4+len(rec.Fingerprint)+binary.MaxVarintLen64+len(rec.Endpoint)+len(head))
 	aad = append(aad, k[:]...)
 	aad = binary.BigEndian.AppendUint16(aad, uint16(rec.Status))
-	aad = append(aad, byte(rec.State), flags)
+	aad = append(aad, byte(rec.State), rec.Flags())
 	aad = append(aad, rec.Fingerprint[:]...)
 	aad = binary.AppendUvarint(aad, uint64(len(rec.Endpoint))) // so that endpoint and head cannot trade bytes
 	aad = append(aad, rec.Endpoint...)

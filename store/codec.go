@@ -120,6 +120,16 @@ func AppendRecord(dst []byte, rec *Record) []byte {
 	dst = appendTime(dst, rec.CreatedAt)
 	dst = appendTime(dst, rec.ExpiresAt)
 	dst = binary.BigEndian.AppendUint16(dst, uint16(rec.Status))
+	dst = append(dst, rec.Flags())
+	dst = binary.AppendUvarint(dst, uint64(text))
+	dst = appendString(dst, rec.Endpoint)
+	dst = AppendHeader(dst, rec.Header)
+	return append(dst, rec.Body...)
+}
+
+// Flags packs rec's truncated, outcome-unknown and sealed flags as the
+// head keeps them.
+func (rec *Record) Flags() byte {
 	var flags byte
 	if rec.Truncated {
 		flags |= flagTruncated
@@ -130,11 +140,7 @@ func AppendRecord(dst []byte, rec *Record) []byte {
 	if rec.Sealed {
 		flags |= flagSealed
 	}
-	dst = append(dst, flags)
-	dst = binary.AppendUvarint(dst, uint64(text))
-	dst = appendString(dst, rec.Endpoint)
-	dst = AppendHeader(dst, rec.Header)
-	return append(dst, rec.Body...)
+	return flags
 }
 
 // AppendClaim appends the encoding of the in-progress record of c.

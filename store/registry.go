@@ -77,13 +77,10 @@ func checkName(name string) error {
 	return nil
 }
 
-// Unregister undoes Register for s under name. It is safe to call more
-// than once, or for a store that was never registered.
-func Unregister(name string, s Store) { unregister(name, s) }
-
-// unregister is Unregister, returning the holds of s if it was registered,
-// and whether another store (of a config that replaced s's) is still
-// registered under name.
+// unregister undoes Register for s under name, returning the holds of s if
+// it was registered, and whether another store (of a config that replaced
+// s's) is still registered under name. It is safe to call more than once,
+// or for a store that was never registered.
 func unregister(name string, s Store) (holds *Holds, replaced bool) {
 	registry.Lock()
 	defer registry.Unlock()

@@ -32,7 +32,7 @@ func register(t *testing.T, ctx context.Context, name, records string, s Store) 
 	if err := Register(ctx, Registration{Name: name, Module: "fake", Store: s}, records); err != nil {
 		t.Fatalf("Register(%q, %q): %v", name, records, err)
 	}
-	t.Cleanup(func() { Unregister(name, s) })
+	t.Cleanup(func() { unregister(name, s) })
 }
 
 // config is the context of one config, as Caddy gives its modules.
@@ -45,7 +45,7 @@ func config(t *testing.T) context.Context {
 func TestRegistry(t *testing.T) {
 	const name = "fake registry-test"
 	a, b := &fake{1}, &fake{2}
-	t.Cleanup(func() { Unregister(name, a); Unregister(name, b) })
+	t.Cleanup(func() { unregister(name, a); unregister(name, b) })
 
 	register(t, config(t), name, name, a)
 	if got := registered(name); got != a {
@@ -60,19 +60,19 @@ func TestRegistry(t *testing.T) {
 	if got := registered(name); got != b {
 		t.Fatalf("registered %v after the second registration, want b", got)
 	}
-	Unregister(name, a)
-	Unregister(name, a) // twice is harmless
+	unregister(name, a)
+	unregister(name, a) // twice is harmless
 	if got := registered(name); got != b {
 		t.Fatalf("registered %v after a's cleanup, want b", got)
 	}
 	if _, ok := RegistrationOf(a); ok {
 		t.Fatal("a is still registered after its cleanup")
 	}
-	Unregister(name, b)
+	unregister(name, b)
 	if got := registered(name); got != nil {
 		t.Fatalf("registered %v after every cleanup, want none", got)
 	}
-	Unregister("fake never", a) // unknown names are harmless
+	unregister("fake never", a) // unknown names are harmless
 }
 
 func TestRegisteredIsSorted(t *testing.T) {
