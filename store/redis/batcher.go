@@ -16,10 +16,11 @@ import (
 // arguments, which the store reuses after the call. On a Cluster each
 // master has a lane, so a slow node delays only its slots.
 type batcher struct {
-	client  goredis.UniversalClient
-	cluster *goredis.ClusterClient // nil: one lane for all
-	single  lane
-	lanes   sync.Map // *goredis.Client of a master → *lane
+	goredis.Scripter // the client, for ScriptExists and ScriptLoad
+	client           goredis.UniversalClient
+	cluster          *goredis.ClusterClient // nil: one lane for all
+	single           lane
+	lanes            sync.Map // *goredis.Client of a master → *lane
 }
 
 // lane is one node's calls: a call or batch on the wire, plus one per full batch.
@@ -32,7 +33,7 @@ type lane struct {
 
 func newBatcher(life context.Context, client goredis.UniversalClient) *batcher {
 	cluster, _ := client.(*goredis.ClusterClient)
-	b := &batcher{client: client, cluster: cluster}
+	b := &batcher{Scripter: client, client: client, cluster: cluster}
 	if cluster != nil {
 		go b.pruneLanes(life)
 	}
@@ -273,14 +274,6 @@ func (b *batcher) EvalRO(ctx context.Context, script string, keys []string, args
 
 func (b *batcher) EvalShaRO(ctx context.Context, sha1 string, keys []string, args ...any) *goredis.Cmd {
 	return b.eval(ctx, "evalsha_ro", sha1, keys, args)
-}
-
-func (b *batcher) ScriptExists(ctx context.Context, hashes ...string) *goredis.BoolSliceCmd {
-	return b.client.ScriptExists(ctx, hashes...)
-}
-
-func (b *batcher) ScriptLoad(ctx context.Context, script string) *goredis.StringCmd {
-	return b.client.ScriptLoad(ctx, script)
 }
 
 // eval builds the command as go-redis's Eval does, the first key marking the slot.

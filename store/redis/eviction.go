@@ -10,11 +10,9 @@ import (
 	"go.uber.org/zap"
 )
 
-// A Redis that evicts keys when full drops a live claim as readily as an old
-// record (every key of the store has a TTL, so volatile-* policies take them
-// too), and a retry then runs again. With noeviction a full Redis refuses
-// writes instead, which the handler answers per on_store_error. Only the
-// server knows its policy, and managed services often refuse to tell.
+// Every key has a TTL, so any policy but noeviction lets a full Redis evict a
+// live claim, and its retry runs again; only the server knows its policy
+// (docs/stores/redis.md#run-redis-with-maxmemory-policy-noeviction).
 
 // watchEviction reads the eviction policy of every master once it answers,
 // and names a policy that may drop claims. It runs beside provisioning, which
@@ -22,14 +20,10 @@ import (
 // is asked again later, until life, the client's, ends.
 func watchEviction(life context.Context, client goredis.UniversalClient, addrs []string, logger *zap.Logger) {
 	_, cluster := client.(*goredis.ClusterClient)
-	var mu sync.Mutex
-	read := make(map[string]bool) // by master address
+	var read sync.Map // master addresses whose policy was read
 	check := func(ctx context.Context, c *goredis.Client) error {
 		addr := c.Options().Addr
-		mu.Lock()
-		done := read[addr]
-		mu.Unlock()
-		if done {
+		if _, done := read.Load(addr); done {
 			return nil
 		}
 		log := logger.With(zap.Strings("addresses", addrs))
@@ -39,9 +33,7 @@ func watchEviction(life context.Context, client goredis.UniversalClient, addrs [
 		if err := readEviction(ctx, c, log); err != nil {
 			return err
 		}
-		mu.Lock()
-		read[addr] = true
-		mu.Unlock()
+		read.Store(addr, true)
 		return nil
 	}
 	for wait := time.Second; ; wait = min(2*wait, time.Minute) {
@@ -60,9 +52,8 @@ func watchEviction(life context.Context, client goredis.UniversalClient, addrs [
 }
 
 // readEviction logs c's policy, and fails only if c did not answer. A refusal
-// (CONFIG renamed away, NOPERM) is logged at info, not warned: managed
-// services refuse by design, and the operator can do nothing about it but
-// check the policy, as the line says.
+// (CONFIG renamed away, NOPERM) is logged at info: managed services refuse by
+// design, and all the operator can do is check the policy, as the line says.
 func readEviction(ctx context.Context, c *goredis.Client, log *zap.Logger) error {
 	cmd := goredis.NewMapStringStringCmd(ctx, "config", "get", "maxmemory", "maxmemory-policy")
 	_ = c.Process(ctx, cmd)

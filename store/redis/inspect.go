@@ -53,10 +53,7 @@ func (s *Store) Lookup(ctx context.Context, key store.Key) (*store.Record, time.
 	if err != nil {
 		return nil, time.Time{}, store.Unavailable("looking up", err)
 	}
-	val, err := get.Bytes()
-	if err != nil {
-		return nil, time.Time{}, store.Unavailable("looking up", err)
-	}
+	val, _ := get.Bytes() // the pipeline's error is its commands' first
 	t := now()
 	if leasePassed(val, t) {
 		return nil, time.Time{}, nil
@@ -65,16 +62,20 @@ func (s *Store) Lookup(ctx context.Context, key store.Key) (*store.Record, time.
 	if err != nil {
 		return nil, time.Time{}, err
 	}
-	return rec, expiresAt(rec.State, rec.ExpiresAt, t, pttl.Val()), nil
+	return rec, expiresAt(rec, t, pttl.Val()), nil
 }
 
 // expiresAt is when a live record's lease or TTL ends: a claim's lease end
-// from its head, if it has one, else the key's expiry (a PTTL answer).
-func expiresAt(state store.State, leaseEnd, t time.Time, pttl time.Duration) time.Time {
-	if state == store.InProgress && !leaseEnd.IsZero() {
-		return leaseEnd
+// from its head, if it has one, else the key's expiry from a PTTL answer,
+// zero for no expiry (-1) or gone (-2).
+func expiresAt(rec *store.Record, t time.Time, pttl time.Duration) time.Time {
+	switch {
+	case rec.State == store.InProgress && !rec.ExpiresAt.IsZero():
+		return rec.ExpiresAt
+	case pttl < 0:
+		return time.Time{}
 	}
-	return expiry(t, pttl)
+	return t.Add(pttl)
 }
 
 // Delete deletes key, whoever owns it, and announces the purge; if that
@@ -215,19 +216,11 @@ func (l *lister) inspect(ctx context.Context, c goredis.Cmdable, keys []string) 
 		}
 		l.mu.Lock()
 		if len(l.found) < l.limit {
-			l.found = append(l.found, store.Entry{Key: key, Summary: store.Summarize(rec), ExpiresAt: expiresAt(rec.State, rec.ExpiresAt, t, ttl)})
+			l.found = append(l.found, store.Entry{Key: key, Summary: store.Summarize(rec), ExpiresAt: expiresAt(rec, t, ttl)})
 		}
 		l.mu.Unlock()
 	}
 	return nil
-}
-
-// expiry turns a PTTL answer into a time, zero for no expiry (-1) or gone (-2).
-func expiry(t time.Time, ttl time.Duration) time.Time {
-	if ttl < 0 {
-		return time.Time{}
-	}
-	return t.Add(ttl)
 }
 
 var _ store.Inspector = (*Store)(nil)

@@ -103,12 +103,9 @@ func noCancel() {}
 var now = time.Now
 
 // keyLife is how long a claim's key lives: its lease, and as long again as
-// its record would be kept (Claim.TTL). When the owner dies, its retry then
-// finds the dead claim and takes it over (Acquired.TookOver) instead of
-// finding no key and running the request as new. The claim's head says
-// when its lease ends (the expiry field, unused by claims otherwise), by
-// the clock of the instance that wrote or renewed it, and the instance that
-// reads it judges the lease by its own clock: the clocks must agree.
+// its record would be kept (Claim.TTL), so that a dead owner's retry takes
+// the claim over (Acquired.TookOver) rather than run as new. The lease end in
+// the head is the writer's clock, judged by the reader's: they must agree.
 func keyLife(c *store.Claim) time.Duration {
 	if c.TTL <= 0 {
 		return c.Lease + defaultTrace
@@ -174,11 +171,9 @@ func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (sto
 		_ = s.calls.Process(ctx, get)
 		if held, err = get.Bytes(); errors.Is(err, goredis.Nil) {
 			held, err = nil, nil
-		} else if err != nil {
-			return store.Acquired{}, store.Unavailable("acquiring", err)
 		}
 	}
-	if held == nil {
+	if held == nil && err == nil {
 		held, tookOver, err = s.writeClaim(ctx, w, nil)
 	}
 	for tries := 0; held != nil && err == nil; tries++ {
@@ -187,7 +182,10 @@ func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (sto
 		}
 		held, tookOver, err = s.writeClaim(ctx, w, held[:store.FlagsOffset])
 	}
-	return store.Acquired{TookOver: tookOver}, err
+	if err != nil {
+		return store.Acquired{}, store.Unavailable("acquiring", err)
+	}
+	return store.Acquired{TookOver: tookOver}, nil
 }
 
 // claimWrite is what an Acquire writes.
@@ -200,16 +198,24 @@ type claimWrite struct {
 }
 
 // writeClaim writes w's claim: with SET NX GET, or in place of the dead
-// claim whose head is dead. It answers what the key held instead (nil if
-// it holds the claim now) and whether the claim took a dead one's place.
+// claim whose head is dead; with min_replicas, followed by a WAIT in one
+// pipeline on the key's master, so that the WAIT counts the write. It
+// answers what the key held instead (nil if it holds the claim now) and
+// whether the claim took a dead one's place.
 func (s *Store) writeClaim(ctx context.Context, w claimWrite, dead []byte) ([]byte, bool, error) {
 	var cmd goredis.Cmder
 	var wait *goredis.IntCmd
 	var err error
 	switch {
 	case s.replicas != nil:
-		if cmd, wait, err = s.writeReplicated(ctx, w, dead); err != nil {
-			return nil, false, store.Unavailable("acquiring", err)
+		cmd, wait, err = s.replicas.onMaster(ctx, w.k, func(p goredis.Pipeliner, eval bool) goredis.Cmder {
+			if dead == nil {
+				return setClaim(ctx, p, w)
+			}
+			return evalScript(ctx, p, takeoverScript, eval, []string{w.k}, dead, w.claim, w.px)
+		})
+		if err != nil {
+			return nil, false, err
 		}
 	case dead == nil:
 		cmd = setClaim(ctx, s.calls, w)
@@ -218,7 +224,7 @@ func (s *Store) writeClaim(ctx context.Context, w claimWrite, dead []byte) ([]by
 	}
 	held, wrote, tookOver, err := claimReply(cmd)
 	if err != nil {
-		return nil, false, store.Unavailable("acquiring", err)
+		return nil, false, err
 	}
 	if held != nil {
 		if !store.Encoded(held).ClaimedBy(w.c.Token) {
@@ -230,36 +236,13 @@ func (s *Store) writeClaim(ctx context.Context, w claimWrite, dead []byte) ([]by
 		tookOver = dead != nil
 	}
 	if s.replicas != nil {
-		// A retry's first try wrote where this WAIT does not count.
+		// A retry's first try wrote where this WAIT does not count; a claim
+		// too few replicas acknowledge is withdrawn.
 		err = s.replicas.claimed(wrote, wait, func() error {
 			return s.Release(context.WithoutCancel(ctx), w.key, w.c.Token)
 		})
-		if err != nil {
-			return nil, false, store.Unavailable("acquiring", err)
-		}
 	}
-	return nil, tookOver, nil
-}
-
-// writeReplicated sends writeClaim's write and a WAIT in one pipeline on the
-// key's master, so that the WAIT counts the write; a claim too few replicas
-// acknowledge, writeClaim withdraws.
-func (s *Store) writeReplicated(ctx context.Context, w claimWrite, dead []byte) (goredis.Cmder, *goredis.IntCmd, error) {
-	var cmd goredis.Cmder
-	var wait *goredis.IntCmd
-	err := s.replicas.onMaster(ctx, w.k, func(p goredis.Pipeliner, eval bool) goredis.Cmder {
-		switch {
-		case dead == nil:
-			cmd = setClaim(ctx, p, w)
-		case eval:
-			cmd = takeoverScript.Eval(ctx, p, []string{w.k}, dead, w.claim, w.px)
-		default:
-			cmd = takeoverScript.EvalSha(ctx, p, []string{w.k}, dead, w.claim, w.px)
-		}
-		wait = s.replicas.queueWait(ctx, p)
-		return cmd
-	})
-	return cmd, wait, err
+	return nil, tookOver, err
 }
 
 func setClaim(ctx context.Context, p caller, w claimWrite) *goredis.StringCmd {
@@ -350,21 +333,13 @@ func (s *Store) Complete(ctx context.Context, key store.Key, c *store.Claim, res
 // resends it while the lease lasts if short: a promoted replica with only the
 // claim would answer retries 409.
 func (s *Store) completeReplicated(ctx context.Context, keys []string, args []any, expires time.Time, lease time.Duration) (int64, error) {
-	var script *goredis.Cmd
-	var wait *goredis.IntCmd
-	err := s.replicas.onMaster(ctx, keys[0], func(p goredis.Pipeliner, eval bool) goredis.Cmder {
-		if eval {
-			script = completeScript.Eval(ctx, p, keys, args...)
-		} else {
-			script = completeScript.EvalSha(ctx, p, keys, args...)
-		}
-		wait = s.replicas.queueWait(ctx, p)
-		return script
+	script, wait, err := s.replicas.onMaster(ctx, keys[0], func(p goredis.Pipeliner, eval bool) goredis.Cmder {
+		return evalScript(ctx, p, completeScript, eval, keys, args...)
 	})
 	if err != nil {
 		return 0, store.Unavailable("completing", err)
 	}
-	n, err := s.owned(script, "completing")
+	n, err := s.owned(script.(*goredis.Cmd), "completing")
 	if err != nil {
 		return n, err
 	}

@@ -78,7 +78,11 @@ func (r *replication) check(ctx context.Context) (reachable bool, err error) {
 		}
 		// Any state counts: a syncing replica is online soon, claims fail until then.
 		if n := connectedReplicas(info); n < r.want {
-			return fmt.Errorf("%w: %s has %d, min_replicas wants %d", errTooFewReplicas, r.describe(c), n, r.want)
+			where := "the master"
+			if _, ok := r.client.(*goredis.ClusterClient); ok {
+				where += " at " + c.Options().Addr
+			}
+			return fmt.Errorf("%w: %s has %d, min_replicas wants %d", errTooFewReplicas, where, n, r.want)
 		}
 		return nil
 	}
@@ -105,13 +109,6 @@ func connectedReplicas(info string) int {
 	return -1
 }
 
-func (r *replication) describe(c *goredis.Client) string {
-	if _, ok := r.client.(*goredis.ClusterClient); ok {
-		return "the master at " + c.Options().Addr
-	}
-	return "the master"
-}
-
 func (r *replication) master(ctx context.Context, key string) (*goredis.Client, error) {
 	if cc, ok := r.client.(*goredis.ClusterClient); ok {
 		return cc.MasterForKey(ctx, key)
@@ -119,30 +116,30 @@ func (r *replication) master(ctx context.Context, key string) (*goredis.Client, 
 	return r.client.(*goredis.Client), nil
 }
 
-// onMaster runs what queue adds as one pipeline on key's master (the node
-// itself: a Cluster client would send a keyless WAIT to any node); it tries
-// again if queue's write is answered MOVED (reloading slots), ASK or NOSCRIPT
-// (then with eval).
-func (r *replication) onMaster(ctx context.Context, key string, queue func(p goredis.Pipeliner, eval bool) goredis.Cmder) error {
+// onMaster runs what queue adds and a WAIT as one pipeline on key's master
+// (the node itself: a Cluster client would send a keyless WAIT to any node);
+// it tries again if queue's write is answered MOVED (reloading slots), ASK or
+// NOSCRIPT (then with eval).
+func (r *replication) onMaster(ctx context.Context, key string, queue func(p goredis.Pipeliner, eval bool) goredis.Cmder) (write goredis.Cmder, wait *goredis.IntCmd, err error) {
 	node, err := r.master(ctx, key)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	var asking, eval bool
 	for attempt := 0; ; attempt++ {
-		var write goredis.Cmder
 		_, _ = node.Pipelined(ctx, func(p goredis.Pipeliner) error {
 			if asking {
 				p.Do(ctx, "asking")
 			}
 			write = queue(p, eval)
+			wait = r.queueWait(ctx, p)
 			return nil
 		})
 		err := write.Err()
 		ask, addr, redirected := redirect(err)
 		noScript := err != nil && !eval && goredis.HasErrorPrefix(err, "NOSCRIPT")
 		if attempt == 2 || (!redirected && !noScript) {
-			return nil
+			return write, wait, nil
 		}
 		switch {
 		case noScript:
@@ -153,14 +150,22 @@ func (r *replication) onMaster(ctx context.Context, key string, queue func(p gor
 			cc := r.client.(*goredis.ClusterClient)
 			cc.ReloadState(ctx)
 			if node, err = cc.MasterForKey(ctx, key); err != nil {
-				return err
+				return nil, nil, err
 			}
 			asking = false
 		}
 		if node == nil {
-			return fmt.Errorf("no cluster master at %s", addr)
+			return nil, nil, fmt.Errorf("no cluster master at %s", addr)
 		}
 	}
+}
+
+// evalScript queues script on p: EVALSHA, or EVAL after a NOSCRIPT.
+func evalScript(ctx context.Context, p goredis.Pipeliner, script *goredis.Script, eval bool, keys []string, args ...any) *goredis.Cmd {
+	if eval {
+		return script.Eval(ctx, p, keys, args...)
+	}
+	return script.EvalSha(ctx, p, keys, args...)
 }
 
 // redirect reads a Cluster's MOVED or ASK answer.

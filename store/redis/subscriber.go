@@ -205,11 +205,7 @@ func (sub *subscriber) subscribe(ctx context.Context, ps *goredis.PubSub, names 
 
 // refused switches to plain Pub/Sub if err refuses sharded, reporting whether.
 func (sub *subscriber) refused(err error, wasLive bool) bool {
-	if wasLive || !sub.sharded.Load() || !unknownCommand(err) {
-		return false
-	}
-	sub.sharded.Store(false)
-	return true
+	return !wasLive && unknownCommand(err) && sub.sharded.CompareAndSwap(true, false)
 }
 
 func unknownCommand(err error) bool {
