@@ -10,12 +10,10 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
-// claims are the keys in flight. This process reads them in memory (the
-// file's lock makes it the only one to claim its keys); the journal keeps
-// them, unsynced, for the process that opens the file after this one died.
-// So a new key costs one synced write, its completion. Every change is
-// appended to the journal before it is made in memory; a change the
-// journal refuses is not made, and fails as the file's would.
+// claims are the keys in flight, read in memory and kept in the journal
+// (see the package doc), so a new key costs one synced write, its
+// completion. A change the journal refuses is not made, and fails as the
+// file's would.
 //
 // A completion is committed to the file before its claim is dropped, so a
 // claim is never missing from both; but a duplicate that read the file
@@ -24,11 +22,10 @@ import (
 // claim, and take refuses to claim if the count of the key's shard changed
 // since before the file was read.
 type claims struct {
-	mu    sync.Mutex
-	byKey map[store.Key]*held
-	// log is nil in the tests of the claims alone.
-	log     *journal
-	closed  bool // the file is closed: every call fails as the file's would
+	mu      sync.Mutex
+	byKey   map[store.Key]*held
+	log     *journal // nil in the tests of the claims alone
+	closed  bool     // the file is closed: every call fails as the file's would
 	settled [settledShards]atomic.Uint64
 }
 
@@ -42,29 +39,24 @@ func (cs *claims) generation(k store.Key) uint64 { return cs.settled[k[0]].Load(
 
 // held is one claim.
 type held struct {
-	// blob is the claim's record; never written once built, so that it may
-	// be decoded outside the lock.
-	blob    store.Encoded
-	expires int64 // the end of the lease, in Unix nanoseconds
+	blob    store.Encoded // never written once built: decoded outside the lock
+	expires int64         // the end of the lease, in Unix nanoseconds
 	// storing is set while the owner's completion is being committed: the
 	// claim holds whatever its lease says, and cannot be taken over,
 	// released or completed again.
 	storing bool
 }
 
-func newClaims() *claims { return &claims{byKey: make(map[store.Key]*held)} }
-
 // errClosed is bbolt's answer once the file is closed.
 var errClosed = berrors.ErrDatabaseNotOpen
 
-// alive reports whether e holds its key at n: its lease has not passed, or
-// its completion is being committed.
+// alive reports whether e holds its key at n.
 func (e *held) alive(n int64) bool { return e.storing || n < e.expires }
 
 // take claims k for c at t unless it is held, returning then the holder's
-// record. tookOver: the claim replaced one whose lease had passed. stale:
-// a completion of k's shard was committed since generation returned gen,
-// nothing is claimed, and the caller must read the file again.
+// record. tookOver: the claim replaced one whose lease had passed. stale: a
+// completion of k's shard was committed since generation returned gen, and
+// the caller must read the file again.
 func (cs *claims) take(k store.Key, c *store.Claim, t time.Time, gen uint64) (holder store.Encoded, tookOver, stale bool, err error) {
 	blob := store.AppendClaim(nil, c) // outside the lock: it needs nothing from it
 	cs.mu.Lock()
@@ -150,11 +142,10 @@ func (cs *claims) pin(k store.Key, tok store.Token, t time.Time) (*held, error) 
 
 // settle ends the completion of e: a committed one drops the claim and
 // counts itself for take; a failed one leaves the claim to its owner, who
-// may try again. An operator may have removed e meanwhile.
-//
-// The claim is dropped from memory even if the journal refuses the drop
-// (or the process dies before it): the record committed in the file, by
-// the claim's owner, is what the next process keeps (loadClaims).
+// may try again. An operator may have removed e meanwhile. The claim is
+// dropped from memory even if the journal refuses the drop (or the process
+// dies first): the next process keeps the owner's committed record
+// (loadClaims).
 func (cs *claims) settle(k store.Key, e *held, committed bool) {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
@@ -203,8 +194,7 @@ func (cs *claims) remove(k store.Key, t time.Time) (bool, error) {
 	return e.alive(t.UnixNano()), nil
 }
 
-// list returns copies of the claims made by cutoff that hold their key at
-// t, to be decoded outside the lock.
+// list returns copies of the claims made by cutoff that hold their key at t.
 func (cs *claims) list(t, cutoff time.Time) (map[store.Key]*held, error) {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
@@ -245,18 +235,18 @@ func (cs *claims) sweep(t time.Time) error {
 	return nil
 }
 
-// compact rewrites the journal from the claims in memory, if it is due.
+// compact rewrites the journal from the claims in memory, if it has grown
+// past its limit.
 func (cs *claims) compact() error {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
-	if cs.closed || !cs.log.isDue() {
+	if cs.closed || cs.log.size <= cs.log.limit {
 		return nil
 	}
 	return cs.log.compact(cs.byKey)
 }
 
-// close makes every later call fail as the closed file does, and closes
-// the journal.
+// close makes every later call fail as the closed file does.
 func (cs *claims) close() error {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()

@@ -9,6 +9,9 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/store/storetest"
 )
 
+// newClaims returns claims without a journal, to test them alone.
+func newClaims() *claims { return &claims{byKey: make(map[store.Key]*held)} }
+
 // A claim whose completion is being committed holds its key even past its
 // lease: no takeover, no release, no second completion. A failed commit
 // gives it back to its owner; a committed one drops it.

@@ -10,8 +10,6 @@ import (
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
 	"go.uber.org/zap"
-
-	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
 const (
@@ -78,35 +76,6 @@ func openDatabase(path string, logger *zap.Logger) (*database, error) {
 	return d, nil
 }
 
-// loadClaims reads the claims that the journal at path kept from the
-// process that had the file open before, less those whose completion that
-// process committed but died before it dropped the claim: the completed
-// record wins. It reports the bytes at the journal's end that were no
-// entries.
-func loadClaims(db *bolt.DB, path string) (*claims, int, error) {
-	j, byKey, torn, err := openJournal(path)
-	if err != nil {
-		return nil, 0, err
-	}
-	err = db.View(func(tx *bolt.Tx) error {
-		b := tx.Bucket(records)
-		for k, e := range byKey {
-			rec, err := store.DecodeRecord(b.Get(k[:]))
-			if err == nil && rec.State == store.Completed && e.blob.ClaimedBy(rec.Token) {
-				delete(byKey, k)
-			}
-		}
-		return nil
-	})
-	if err == nil {
-		err = j.compact(byKey)
-	}
-	if err != nil {
-		return nil, 0, err
-	}
-	return &claims{byKey: byKey, log: j}, torn, nil
-}
-
 // Destruct stops the sweeper and closes the file and the journal, which
 // keeps the claims of requests still running (cut off by the stop) for
 // the next process. bbolt's Close waits for running transactions.
@@ -118,8 +87,8 @@ func (d *database) Destruct() error {
 }
 
 // run deletes expired records and claims every interval until Destruct,
-// only to bound the file and memory: they are already treated as absent.
-// It also compacts the claims' journal when it has grown.
+// only to bound the file and memory: they are already treated as absent;
+// and compacts the claims' journal when it is due.
 func (d *database) run(ctx context.Context) {
 	defer close(d.done)
 	tick := time.NewTicker(d.interval)
@@ -148,28 +117,24 @@ func (d *database) run(ctx context.Context) {
 // sweep deletes expired records, batch at most per transaction, through
 // the file. afterBatch, if set, runs after each transaction (for tests).
 func (d *database) sweep(ctx context.Context, batch int, afterBatch func()) (deleted int, err error) {
-	var from []byte
+	var from []byte // nil: the first key, as every key sorts after it
 	for ctx.Err() == nil {
-		var next []byte
 		var n int
 		err := d.Update(func(tx *bolt.Tx) error {
 			b := tx.Bucket(records)
 			c := b.Cursor()
-			k, v := c.First()
-			if from != nil {
-				k, v = c.Seek(from)
-			}
 			// Deleting while iterating can make a bbolt cursor skip a key,
 			// so collect first and delete after.
 			var expired [][]byte
 			t := now()
+			k, v := c.Seek(from)
 			for scanned := 0; k != nil && len(expired) < batch && scanned < sweepScan; scanned++ {
 				if !live(v, t) {
 					expired = append(expired, append([]byte(nil), k...))
 				}
 				k, v = c.Next()
 			}
-			next = append([]byte(nil), k...) // nil at the end of the bucket
+			from = append([]byte(nil), k...) // nil at the end of the bucket
 			for _, k := range expired {
 				if err := b.Delete(k); err != nil {
 					return err
@@ -185,10 +150,9 @@ func (d *database) sweep(ctx context.Context, batch int, afterBatch func()) (del
 		if afterBatch != nil {
 			afterBatch()
 		}
-		if len(next) == 0 {
+		if from == nil {
 			return deleted, nil
 		}
-		from = next
 	}
 	return deleted, ctx.Err()
 }

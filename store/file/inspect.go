@@ -9,8 +9,7 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
-// defaultName names the directory of the database file, resolved, as in
-// "file /var/lib/caddy/idempotency".
+// defaultName names the resolved directory of the database file.
 func defaultName(dir string) string { return "file " + dir }
 
 // Lookup returns key's claim from memory, or else its live record from the

@@ -10,28 +10,25 @@ import (
 	"io/fs"
 	"os"
 
+	bolt "go.etcd.io/bbolt"
+
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
 const journalName = "claims.log"
 
-// journal keeps the claims on disk for the process that opens the file
-// next: every change to the claims in memory is appended to it first, with
-// one write and no fsync. What write returns is in the kernel's page
-// cache, which outlives the process (a SIGKILL, a panic, the OOM killer),
-// so its claims hold their keys after a restart: in progress until their
-// lease passes, then taken over. Only a crash of the OS can lose what was
-// not yet written back; an fsync per claim would double the cost of a new
-// key.
+// journal keeps the claims for the process that opens the file next:
+// every change to the claims in memory is appended to it first, with one
+// write and no fsync. What write returns is in the kernel's page cache,
+// which outlives the process (a SIGKILL, a panic, the OOM killer), so its
+// claims hold their keys after a restart until their lease passes. Only a
+// crash of the OS can lose what was not yet written back; an fsync per
+// claim would double the cost of a new key.
 //
-// An entry puts a key's claim, or drops it (no claim). Each has a checksum,
-// so that a tail an OS crash tore ends the replay instead of corrupting
-// it. The journal is rewritten from the claims in memory when it opens and
+// The journal is rewritten from the claims in memory when it opens and
 // whenever it has grown to twice what that rewrite left (compact), so that
-// it stays within a few times the claims in flight.
-//
-// Its methods are called under the claims' lock, which orders the entries
-// as the changes in memory.
+// it stays within a few times the claims in flight. Its methods are called
+// under the claims' lock, which orders the entries as the changes in memory.
 type journal struct {
 	f     *os.File
 	path  string
@@ -45,9 +42,10 @@ type journal struct {
 // make every few appends rewrite the file.
 const compactMin = 4 << 20
 
-// An entry: a CRC-32C of the rest, the length of what follows the key, the
-// key, the end of the lease (Unix nanoseconds), and the claim as the codec
-// encodes it, none for a drop. Integers are big endian.
+// An entry: a CRC-32C of the rest, so that a tail an OS crash tore ends
+// the replay instead of corrupting it; the length of what follows the key;
+// the key; the end of the lease (Unix nanoseconds); and the claim as the
+// codec encodes it, none for a drop. Integers are big endian.
 const (
 	entryHead = 4 + 4 + len(store.Key{}) + 8
 	maxEntry  = 1 << 30 // no claim comes near; a length beyond is garbage
@@ -93,21 +91,39 @@ func replay(b []byte) (map[store.Key]*held, int) {
 	return claims, off
 }
 
-// openJournal reads the journal at path, if there is one, and returns it
-// with its claims and how many of its bytes were not entries (a torn
-// tail). The caller compacts it before appending.
-func openJournal(path string) (*journal, map[store.Key]*held, int, error) {
+// loadClaims reads the claims that the journal at path kept from the
+// process that had the file open before, less those whose completion it
+// committed but died before it dropped the claim: the record wins. It
+// compacts the journal and reports the bytes of its torn tail.
+func loadClaims(db *bolt.DB, path string) (*claims, int, error) {
 	// A compaction cut short by a crash left a partial copy; the journal
 	// itself is whole.
 	if err := os.Remove(path + ".tmp"); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return nil, nil, 0, err
+		return nil, 0, err
 	}
-	b, err := os.ReadFile(path)
+	data, err := os.ReadFile(path)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return nil, nil, 0, err
+		return nil, 0, err
 	}
-	claims, n := replay(b)
-	return &journal{path: path, due: make(chan struct{}, 1)}, claims, len(b) - n, nil
+	byKey, n := replay(data)
+	err = db.View(func(tx *bolt.Tx) error {
+		b := tx.Bucket(records)
+		for k, e := range byKey {
+			rec, err := store.DecodeRecord(b.Get(k[:]))
+			if err == nil && rec.State == store.Completed && e.blob.ClaimedBy(rec.Token) {
+				delete(byKey, k)
+			}
+		}
+		return nil
+	})
+	j := &journal{path: path, due: make(chan struct{}, 1)}
+	if err == nil {
+		err = j.compact(byKey)
+	}
+	if err != nil {
+		return nil, 0, err
+	}
+	return &claims{byKey: byKey, log: j}, len(data) - n, nil
 }
 
 // put appends k's claim, blob, whose lease ends at expires.
@@ -201,6 +217,3 @@ func (j *journal) close() error {
 	}
 	return j.f.Close()
 }
-
-// isDue reports whether the journal has grown past its limit.
-func (j *journal) isDue() bool { return j != nil && j.size > j.limit }

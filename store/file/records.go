@@ -1,8 +1,10 @@
 package file
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -10,12 +12,18 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
-// onDisk reads key's live record from the file in a read-only
-// transaction, which neither takes the writer lock nor syncs.
+// onDisk reads key's live record, copied out of the file, in a read-only
+// transaction: no writer lock, no sync.
 func (d *database) onDisk(key store.Key) (rec *store.Record, err error) {
 	err = d.View(func(tx *bolt.Tx) error {
-		rec, err = liveRecord(tx.Bucket(records), key, now())
-		return err
+		v := tx.Bucket(records).Get(key[:])
+		if !live(v, now()) {
+			return nil
+		}
+		if rec, err = store.DecodeRecord(bytes.Clone(v)); err != nil {
+			return fmt.Errorf("decoding record: %w", err)
+		}
+		return nil
 	})
 	return rec, err
 }
@@ -43,13 +51,9 @@ func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (sto
 			continue
 		}
 		if holder != nil {
-			rec, err := store.DecodeRecord(holder)
-			if err != nil {
-				return store.Acquired{}, err
-			}
-			return store.Acquired{Record: rec}, nil
+			rec, err = store.DecodeRecord(holder) // tookOver is false
 		}
-		return store.Acquired{TookOver: tookOver}, nil
+		return store.Acquired{Record: rec, TookOver: tookOver}, err
 	}
 }
 

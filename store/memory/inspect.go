@@ -19,12 +19,9 @@ func defaultName(maxEntries int, maxBytes int64) string {
 
 // exactSize writes n bytes in the largest binary unit that divides it.
 func exactSize(n int64) string {
-	for _, u := range []struct {
-		shift uint
-		unit  string
-	}{{40, "TiB"}, {30, "GiB"}, {20, "MiB"}, {10, "KiB"}} {
-		if n >= 1<<u.shift && n%(1<<u.shift) == 0 {
-			return fmt.Sprintf("%d%s", n>>u.shift, u.unit)
+	for i := 4; i > 0; i-- {
+		if u := int64(1) << (10 * i); n >= u && n%u == 0 {
+			return fmt.Sprintf("%d%ciB", n/u, "KMGT"[i-1])
 		}
 	}
 	return fmt.Sprintf("%dB", n)
@@ -54,11 +51,10 @@ func (m *Memory) Delete(_ context.Context, key store.Key) (bool, error) {
 	t.Lock()
 	defer t.Unlock()
 	e := t.Live(key, now().UnixNano())
-	if e == nil {
-		return false, nil
+	if e != nil {
+		t.Remove(e)
 	}
-	t.Remove(e)
-	return true, nil
+	return e != nil, nil
 }
 
 // InFlight scans every record of the table under its lock.

@@ -91,9 +91,8 @@ func (m *Memory) Release(_ context.Context, k store.Key, tok store.Token) error 
 
 // Renew sets the lease of the claim held by tok to lease from now.
 func (m *Memory) Renew(_ context.Context, k store.Key, tok store.Token, lease time.Duration) error {
-	t := m.tab
-	t.Lock()
-	defer t.Unlock()
+	m.tab.Lock()
+	defer m.tab.Unlock()
 	n := now()
 	e, err := m.owned(k, tok, n.UnixNano())
 	if err != nil {

@@ -43,10 +43,7 @@ func (c *Cache) Get(k store.Key) store.Encoded {
 	t := c.t
 	t.Lock()
 	defer t.Unlock()
-	if c.suspended {
-		return nil
-	}
-	if e := t.Live(k, now().UnixNano()); e != nil {
+	if e := t.Live(k, now().UnixNano()); e != nil && !c.suspended {
 		return e.Blob
 	}
 	return nil
@@ -65,11 +62,8 @@ func (c *Cache) Version() uint64 {
 // come, or if it is larger than the cache. The caller must not write to
 // blob afterwards.
 func (c *Cache) Put(k store.Key, blob store.Encoded, version uint64) bool {
-	if blob.State() != store.Completed {
-		return false
-	}
 	expires := blob.ExpiresAt()
-	if expires.IsZero() {
+	if blob.State() != store.Completed || expires.IsZero() {
 		return false
 	}
 	size := table.Size(blob)
@@ -103,20 +97,18 @@ func (c *Cache) Delete(k store.Key) {
 
 // Suspend drops every record and serves nothing until Resume.
 func (c *Cache) Suspend() {
-	t := c.t
-	t.Lock()
-	defer t.Unlock()
+	c.t.Lock()
+	defer c.t.Unlock()
 	c.version++
 	c.suspended = true
-	t.Clear()
+	c.t.Clear()
 }
 
 // Resume serves and takes records again, only those read since: an older
 // read may predate a purge the cache missed.
 func (c *Cache) Resume() {
-	t := c.t
-	t.Lock()
-	defer t.Unlock()
+	c.t.Lock()
+	defer c.t.Unlock()
 	c.version++
 	c.suspended = false
 }

@@ -29,13 +29,10 @@ var (
 	errTooLarge = fmt.Errorf("%w: the record is larger than the memory store holds", store.ErrUnavailable)
 )
 
-// Table is a map of records bounded in entries and bytes. Its mutex
-// guards it: every method but Destruct is called with it held.
-//
-// Its many long-lived records are kept so that the GC follows one pointer
-// per record: each is one pointer-free encoded blob, in slots of a few
-// large arrays linked by slot number, found through an index of slot
-// numbers (index.go).
+// Table is a map of records bounded in entries and bytes. Every method but
+// Destruct is called with its mutex held. So that the GC follows one
+// pointer per record, each is a pointer-free blob in slots of a few large
+// arrays, linked by slot number and found through an index (index.go).
 type Table struct {
 	sync.Mutex
 	index  []uint64
@@ -43,34 +40,32 @@ type Table struct {
 	slots  int32 // slots handed out, in use or free
 	free   int32 // the first free slot; each free slot's next is the one after
 	n      int   // entries
-	// oldest and newest are the ends of the list of completed entries, in
-	// order of completion: the eviction order. Claims are not in it.
+	// oldest and newest end the eviction list: the completed entries in
+	// order of completion. completed and evictable count its entries and
+	// bytes: what evicting can free.
 	oldest, newest int32
 	bytes          int64
-	// completed and evictable are the entries of that list and their
-	// bytes: what evicting can free.
-	completed  int
-	evictable  int64
-	evicted    uint64 // see TakeEvicted
-	maxEntries int
-	maxBytes   int64
-	stop       chan struct{}
+	completed      int
+	evictable      int64
+	evicted        uint64 // see TakeEvicted
+	maxEntries     int
+	maxBytes       int64
+	stop           chan struct{}
 }
 
-// Entry is one record in a Table: a slot that stays where it is, so a
-// pointer to it is good while the table is locked and the entry in it.
+// Entry is one record in a Table, in a slot that never moves: a pointer to
+// it is good while the table is locked and the entry in it.
 type Entry struct {
 	Key store.Key
 	// Blob is the encoded record, never written once built, so records
-	// decoded from it may alias it, and it may be decoded outside the
-	// lock. A free slot has none.
+	// decoded from it may alias it, even outside the lock. A free slot has
+	// none.
 	Blob store.Encoded
 	// Expires is the end of the lease or TTL, in Unix nanoseconds: a
 	// time.Time would hold a *Location for the GC to follow.
 	Expires int64
 	size    int64
-	// prev and next link the eviction list of completed entries; next
-	// also links the free slots.
+	// prev and next link the eviction list, next also the free slots.
 	prev, next int32
 	slot       int32
 }
@@ -135,14 +130,9 @@ func (t *Table) Live(k store.Key, n int64) *Entry {
 	return e
 }
 
-// Remove drops e from the table.
+// Remove drops e from the table and frees its slot.
 func (t *Table) Remove(e *Entry) {
 	t.uncount(e)
-	t.drop(e)
-}
-
-// drop takes e, uncounted, out of the index and frees its slot.
-func (t *Table) drop(e *Entry) {
 	pos, _ := t.find(&e.Key)
 	t.unindex(pos)
 	s := e.slot
@@ -171,7 +161,7 @@ func (t *Table) Insert(k store.Key, blob store.Encoded, expires int64) *Entry {
 	return e
 }
 
-// takeSlot returns a free slot, a new one if none is free.
+// takeSlot returns a free slot, or a new one.
 func (t *Table) takeSlot() *Entry {
 	if t.free != none {
 		e := t.at(t.free)
@@ -188,11 +178,10 @@ func (t *Table) takeSlot() *Entry {
 }
 
 // Replace gives e, a claim, a new blob and expiry in place, as Remove,
-// MakeRoom and Insert would. Room is made with e's old blob uncounted,
-// lest a blob that fits only in its place fail for ever; if room cannot be
-// made, nothing was evicted and e stays as it was, its owner's claim: the
-// retry is not run again while its lease lasts, and the owner may try
-// again.
+// MakeRoom and Insert would. Room is made with e's old blob uncounted, lest
+// a blob that fits only in its place fail for ever; if there is none,
+// nothing is evicted and e stays its owner's claim, whose retries do not
+// run again while its lease lasts.
 func (t *Table) Replace(e *Entry, blob store.Encoded, expires int64) error {
 	t.uncount(e)
 	if err := t.makeRoom(Size(blob), 0); err != nil {
@@ -204,8 +193,7 @@ func (t *Table) Replace(e *Entry, blob store.Encoded, expires int64) error {
 	return nil
 }
 
-// count adds e to the table's bytes and, if completed, to the eviction
-// list as its newest.
+// count adds e to the bytes and, if completed, to the eviction list.
 func (t *Table) count(e *Entry) {
 	e.size = Size(e.Blob)
 	t.bytes += e.size
