@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
@@ -36,8 +37,6 @@ type database struct {
 	qualified string
 	ddl       string // DDL under the table's advisory lock
 	reapLock  int64
-	create    bool
-	interval  time.Duration
 	logger    *zap.Logger
 
 	// ready is set once the table is known to exist (or create_table is
@@ -63,6 +62,7 @@ func newDatabase(cfg *pgxpool.Config, schema, table string, create bool, losses 
 	}
 	name := qualify(schema, table)
 	channel := channelName(table)
+	ctx, stop := context.WithCancel(context.Background())
 	db := &database{
 		pool:      pool,
 		q:         newQueries(name, quoteLiteral(channel)),
@@ -70,17 +70,14 @@ func newDatabase(cfg *pgxpool.Config, schema, table string, create bool, losses 
 		qualified: name,
 		ddl:       fmt.Sprintf("SELECT pg_advisory_xact_lock(%d);\n%s", lockID("ddl", name), DDL(schema, table)),
 		reapLock:  lockID("reap", name),
-		create:    create,
-		interval:  reapInterval,
 		deadlines: newDeadlines(),
 		logger:    logger,
 		ensuring:  make(chan struct{}, 1),
+		stop:      stop,
 		done:      make(chan struct{}),
 	}
 	db.ready.Store(!create)
-	ctx, stop := context.WithCancel(context.Background())
-	db.stop = stop
-	go db.run(ctx)
+	go db.run(ctx, reapInterval)
 	return db, nil
 }
 
@@ -142,16 +139,14 @@ func (db *database) ensure(ctx context.Context) error {
 
 // run creates the table as soon as the database answers, and reaps
 // expired rows every interval until Destruct.
-func (db *database) run(ctx context.Context) {
+func (db *database) run(ctx context.Context, interval time.Duration) {
 	defer close(db.done)
-	tick := time.NewTicker(db.interval)
+	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	for {
-		if db.create {
-			ensureCtx, cancel := context.WithTimeout(ctx, reapTimeout)
-			_ = db.ensure(ensureCtx)
-			cancel()
-		}
+		ensureCtx, cancel := context.WithTimeout(ctx, reapTimeout)
+		_ = db.ensure(ensureCtx) // nothing to do once ready, as with create_table off
+		cancel()
 		select {
 		case <-ctx.Done():
 			return
@@ -185,7 +180,7 @@ func (db *database) reap(ctx context.Context, batch int, afterBatch func()) (del
 	err = conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", db.reapLock).Scan(&locked)
 	if err != nil {
 		// The lock may be held: drop the session, which releases it.
-		closeConn(conn)
+		closeConn(conn.Hijack())
 		return 0, store.Unavailable("reaping", err)
 	}
 	if !locked {
@@ -196,7 +191,7 @@ func (db *database) reap(ctx context.Context, batch int, afterBatch func()) (del
 		unlockCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		if _, err := conn.Exec(unlockCtx, "SELECT pg_advisory_unlock($1)", db.reapLock); err != nil {
-			closeConn(conn)
+			closeConn(conn.Hijack())
 			return
 		}
 		conn.Release()
@@ -216,10 +211,10 @@ func (db *database) reap(ctx context.Context, batch int, afterBatch func()) (del
 	}
 }
 
-// closeConn closes a pooled connection, ending its session and so its
-// advisory locks.
-func closeConn(conn *pgxpool.Conn) {
+// closeConn closes a connection, ending its session and so its advisory
+// locks.
+func closeConn(conn *pgx.Conn) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	_ = conn.Hijack().Close(ctx)
+	_ = conn.Close(ctx)
 }

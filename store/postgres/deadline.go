@@ -10,26 +10,24 @@ import (
 // callTimeout bounds one store call, waiting for a pooled connection
 // included: the handler's calls after a response carry no deadline of
 // their own, and a stalled server must not hold a request (or the claim it
-// renews) for ever. deadlineSlack is how much longer a call may run: the
-// calls that start within that span share one deadline. Variables for
-// tests; each database reads them once.
+// renews) for ever. deadlineSlack is how much longer a call may run.
+// Variables for tests; each database reads them once.
 var (
 	callTimeout   = 5 * time.Second
 	deadlineSlack = time.Second
 )
 
-// deadlines bounds store calls without a timer each. A context with a
-// timeout of its own per call costs a timer and its allocations on every
-// call, and under a request's context a registration as its child.
-// Instead, every call that starts within deadlineSlack of another shares
-// its context, whose deadline is callTimeout to callTimeout+deadlineSlack
-// after the start of each: under load one timer a second, and none when
-// idle. A caller's own deadline within callTimeout stands as it is.
+// deadlines bounds store calls without a timer each: a timeout context per
+// call costs a timer and its allocations, and under a request's context a
+// registration as its child. Instead, the calls that start within
+// deadlineSlack of each other share a context, whose deadline is
+// callTimeout to callTimeout+deadlineSlack after the start of each: one
+// timer a second under load, none when idle. A caller's own deadline
+// within callTimeout stands.
 //
-// The shared context does not end when the caller's does: a cancellation
+// The shared context does not end with the caller's: a cancellation
 // without a deadline, such as a client going away, lets the statement run
-// on, bounded all the same, as a Redis command runs on. The statements
-// take milliseconds; the bound is for a stalled server.
+// on, bounded all the same, as a Redis command runs on.
 type deadlines struct {
 	timeout, slack time.Duration
 	cur            atomic.Pointer[deadline]

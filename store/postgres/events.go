@@ -12,12 +12,6 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
-// The statements that end a watched claim or purge a record (sql.go)
-// notify the table's channel with store.AppendEvent payloads; one
-// connection per pool listens (listener.go).
-
-const channelSuffix = ":events"
-
 // channelName is the table's channel, "<table>:events", at most
 // maxIdentifier bytes (LISTEN truncates longer names, pg_notify refuses
 // them): a longer name ends in a hash of the whole. The schema is left
@@ -26,7 +20,7 @@ const channelSuffix = ":events"
 // needless wake-ups and evictions.
 func channelName(table string) string {
 	// pgx drops NUL from identifiers: drop it from both spellings alike.
-	name := strings.ReplaceAll(table+channelSuffix, "\x00", "")
+	name := strings.ReplaceAll(table+":events", "\x00", "")
 	if len(name) <= maxIdentifier {
 		return name
 	}
@@ -50,7 +44,6 @@ func quoteLiteral(s string) string {
 	return q
 }
 
-// listenStatement is the LISTEN of channel.
 func listenStatement(channel string) string {
 	return "LISTEN " + pgx.Identifier{channel}.Sanitize()
 }
@@ -61,15 +54,7 @@ func (s *Store) Notify(ctx context.Context, key store.Key) (bool, error) {
 	if !s.db.events.listening() {
 		return false, store.ErrNotListening
 	}
-	ctx = s.db.deadlines.bound(ctx)
-	if err := s.db.ensure(ctx); err != nil {
-		return false, err
-	}
-	tag, err := s.db.pool.Exec(ctx, s.db.q.watch, key[:])
-	if err != nil {
-		return false, s.unavailable("watching", err)
-	}
-	return tag.RowsAffected() > 0, nil
+	return s.affected(ctx, "watching", s.db.q.watch, key[:])
 }
 
 var _ store.Notifier = (*Store)(nil)

@@ -34,19 +34,16 @@ func (s *Store) Lookup(ctx context.Context, key store.Key) (*store.Record, time.
 		return nil, time.Time{}, err
 	}
 	r := new(row)
-	err := s.db.pool.QueryRow(ctx, s.db.q.lookup, key[:]).Scan(r.looked()...)
+	err := s.db.pool.QueryRow(ctx, s.db.q.lookup, key[:]).Scan(r.dests(&r.expires)...)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, time.Time{}, nil
 	}
 	if err != nil {
 		return nil, time.Time{}, s.unavailable("looking up", err)
 	}
-	rec, err := r.record()
+	rec, err := r.record(r.expires)
 	if err != nil {
 		return nil, time.Time{}, s.unavailable("looking up", err)
-	}
-	if rec.State == store.Completed {
-		rec.ExpiresAt = r.expires
 	}
 	return rec, r.expires, nil
 }
@@ -62,10 +59,7 @@ func (s *Store) Delete(ctx context.Context, key store.Key) (bool, error) {
 	if s.tier != nil {
 		s.tier.Delete(key)
 	}
-	if errors.Is(err, pgx.ErrNoRows) {
-		return false, nil
-	}
-	if err != nil {
+	if err != nil { // the statement always returns a row
 		return false, s.unavailable("deleting", err)
 	}
 	return wasLive, nil
@@ -79,25 +73,19 @@ func (s *Store) InFlight(ctx context.Context, olderThan time.Duration, limit int
 	if err := s.db.ensure(ctx); err != nil {
 		return nil, err
 	}
-	rows, err := s.db.pool.Query(ctx, s.db.q.inFlight, max(olderThan, 0).Microseconds(), limit)
-	if err != nil {
-		return nil, s.unavailable("listing claims", err)
-	}
+	// pgx defers an error of Query to the rows.
+	rows, _ := s.db.pool.Query(ctx, s.db.q.inFlight, max(olderThan, 0).Microseconds(), limit)
 	var out []store.Entry
-	for rows.Next() {
-		var key []byte
-		e := store.Entry{Summary: store.Summary{State: store.InProgress}}
-		if err := rows.Scan(&key, (*endpointColumn)(&e.Endpoint), &e.CreatedAt, &e.ExpiresAt); err != nil {
-			rows.Close()
-			return nil, s.unavailable("listing claims", err)
+	var key []byte
+	e := store.Entry{Summary: store.Summary{State: store.InProgress}}
+	_, err := pgx.ForEachRow(rows, []any{&key, (*endpointColumn)(&e.Endpoint), &e.CreatedAt, &e.ExpiresAt}, func() error {
+		if len(key) == len(e.Key) {
+			copy(e.Key[:], key)
+			out = append(out, e)
 		}
-		if len(key) != len(e.Key) {
-			continue
-		}
-		copy(e.Key[:], key)
-		out = append(out, e)
-	}
-	if err := rows.Err(); err != nil {
+		return nil
+	})
+	if err != nil {
 		return nil, s.unavailable("listing claims", err)
 	}
 	return store.SortEntries(out, limit), nil

@@ -3,7 +3,6 @@ package postgres
 import (
 	"context"
 	"sync"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -28,12 +27,8 @@ type listener struct {
 
 	ctx    context.Context // ends the session under way when the listener closes
 	cancel context.CancelFunc
-
-	mu      sync.Mutex
-	started bool
-	stopped bool
-	stop    chan struct{}
-	done    chan struct{}
+	once   sync.Once // starts run, or closes done if close comes first
+	done   chan struct{}
 }
 
 func newListener(cfg *pgx.ConnConfig, channel string, losses *prometheus.CounterVec, logger *zap.Logger) *listener {
@@ -45,7 +40,6 @@ func newListener(cfg *pgx.ConnConfig, channel string, losses *prometheus.Counter
 		logger: logger,
 		ctx:    ctx,
 		cancel: cancel,
-		stop:   make(chan struct{}),
 		done:   make(chan struct{}),
 	}
 }
@@ -74,51 +68,40 @@ func (l *listener) listening() bool {
 	return l.tiers.Live()
 }
 
-func (l *listener) start() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.started || l.stopped {
-		return
-	}
-	l.started = true
-	go l.run()
-}
+func (l *listener) start() { l.once.Do(func() { go l.run() }) }
 
 // close ends the listener; the pool's last user calls it.
 func (l *listener) close() {
-	l.mu.Lock()
-	l.stopped = true
-	started := l.started
-	close(l.stop)
-	l.mu.Unlock()
 	l.cancel()
-	if started {
-		<-l.done
-	}
+	l.once.Do(func() { close(l.done) })
+	<-l.done
 }
 
+// run keeps a session going until close.
 func (l *listener) run() {
 	defer close(l.done)
-	store.KeepSubscribed(l.stop, func() bool {
+	store.KeepSubscribed(l.ctx.Done(), func() bool {
 		wasLive, err := l.session()
-		return l.lost(err, wasLive)
+		l.tiers.Suspend()
+		if !wasLive || l.ctx.Err() != nil {
+			return false
+		}
+		l.losses.Lost()
+		l.logger.Warn("lost the PostgreSQL connection that LISTENs for the ends of claims that duplicates wait for and for purges; local cache off until it is back",
+			zap.Error(err))
+		return true
 	})
 }
 
 // session connects, LISTENs and delivers what it receives until the
 // connection fails or the listener closes. wasLive is whether it LISTENed.
 func (l *listener) session() (wasLive bool, err error) {
-	ctx := l.ctx
-	conn, err := pgx.ConnectConfig(ctx, l.cfg)
+	conn, err := pgx.ConnectConfig(l.ctx, l.cfg)
 	if err != nil {
 		return false, err
 	}
-	defer func() {
-		closeCtx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		_ = conn.Close(closeCtx)
-	}()
-	listenCtx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer closeConn(conn)
+	listenCtx, cancel := context.WithTimeout(l.ctx, callTimeout)
 	_, err = conn.PgConn().Exec(listenCtx, l.listen).ReadAll()
 	cancel()
 	if err != nil {
@@ -128,53 +111,30 @@ func (l *listener) session() (wasLive bool, err error) {
 	// their purges.
 	l.tiers.Resume()
 	for {
-		waitCtx, cancel := context.WithTimeout(ctx, store.PingAfter)
+		waitCtx, cancel := context.WithTimeout(l.ctx, store.PingAfter)
 		n, err := conn.WaitForNotification(waitCtx)
 		cancel()
 		switch {
 		case err == nil:
-			l.deliver(n.Payload)
+			// A purged record leaves the tiers before its waiters wake.
+			if kind, key, ok := store.ParseEvent(n.Payload); ok {
+				if kind == store.EventPurged {
+					l.tiers.Evict(key)
+				}
+				store.SignalEnd(key)
+			}
 			continue
-		case ctx.Err() != nil:
+		case l.ctx.Err() != nil:
 			return true, nil
 		case !pgconn.Timeout(err):
 			return true, err
 		}
 		// Silent: a connection that died without a word fails the ping.
-		pingCtx, cancel := context.WithTimeout(ctx, store.PingAfter)
+		pingCtx, cancel := context.WithTimeout(l.ctx, store.PingAfter)
 		err = conn.Ping(pingCtx)
 		cancel()
 		if err != nil {
 			return true, err
 		}
 	}
-}
-
-// deliver evicts a purged record from the tiers, then wakes the key's
-// waiters.
-func (l *listener) deliver(payload string) {
-	kind, key, ok := store.ParseEvent(payload)
-	if !ok {
-		return
-	}
-	if kind == store.EventPurged {
-		l.tiers.Evict(key)
-	}
-	store.SignalEnd(key)
-}
-
-// lost ends a session, suspending the tiers until the next one LISTENs,
-// and reports whether it was live: then it counts as a lost subscription.
-func (l *listener) lost(err error, wasLive bool) bool {
-	l.tiers.Suspend()
-	l.mu.Lock()
-	stopped := l.stopped
-	l.mu.Unlock()
-	if !wasLive || stopped {
-		return false
-	}
-	l.losses.Lost()
-	l.logger.Warn("lost the PostgreSQL connection that LISTENs for the ends of claims that duplicates wait for and for purges; local cache off until it is back",
-		zap.Error(err))
-	return true
 }

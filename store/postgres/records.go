@@ -19,10 +19,9 @@ import (
 const acquireAttempts = 5
 
 // A completed record's ExpiresAt, until which the local tier keeps it, is
-// by this instance's clock, never compared with the database's: the ttl
-// (or the time to live the database computed) is added to when the
-// statement was sent, before it started there, so the record expires here
-// no later than there, however far apart the clocks are.
+// by this instance's clock: the time to live is added to when the
+// statement was sent, so the record expires here no later than there,
+// however far apart the clocks are.
 
 // Acquire claims key for c, or returns its live record, in one statement;
 // a second takes over an expired row. The local tier serves and keeps
@@ -43,11 +42,11 @@ func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (sto
 	if err := s.db.ensure(ctx); err != nil {
 		return store.Acquired{}, err
 	}
+	args := []any{key[:], c.Token[:], bytesOf(c.Endpoint), c.Fingerprint[:], micros(c.Lease), c.CreatedAt.UnixMicro()}
 	for range acquireAttempts {
 		r := new(row)
 		start := time.Now()
-		err := s.db.pool.QueryRow(ctx, s.db.q.acquire, key[:], c.Token[:], bytesOf(c.Endpoint), c.Fingerprint[:], micros(c.Lease), c.CreatedAt.UnixMicro()).
-			Scan(r.acquired()...)
+		err := s.db.pool.QueryRow(ctx, s.db.q.acquire, args...).Scan(r.dests(&r.won, &r.ttl)...)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			continue
@@ -55,20 +54,18 @@ func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (sto
 			return store.Acquired{}, s.unavailable("acquiring", err)
 		case r.won:
 			return store.Acquired{}, nil
-		case r.live():
-			rec, err := r.record()
+		case r.ttl > 0:
+			rec, err := r.record(start.Add(time.Duration(r.ttl)))
 			if err != nil {
 				return store.Acquired{}, s.unavailable("acquiring", err)
 			}
-			if rec.State == store.Completed {
-				rec.ExpiresAt = start.Add(time.Duration(r.ttl))
-				if s.tier != nil {
-					s.tier.Put(key, store.AppendRecord(nil, rec), version)
-				}
+			if rec.State == store.Completed && s.tier != nil {
+				s.tier.Put(key, store.AppendRecord(nil, rec), version)
 			}
 			return store.Acquired{Record: rec}, nil
 		}
-		won, err := s.takeOver(ctx, key, c)
+		// Replace the expired row, unless it is no longer expired or gone.
+		won, err := s.affected(ctx, "taking over", s.db.q.takeover, args...)
 		if err != nil {
 			return store.Acquired{}, err
 		}
@@ -82,22 +79,16 @@ func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (sto
 	return store.Acquired{}, s.unavailable("acquiring", errors.New("the key changed under every attempt"))
 }
 
-// takeOver replaces the key's expired row with c's claim, or reports false
-// when the row is no longer expired or is gone.
-func (s *Store) takeOver(ctx context.Context, key store.Key, c *store.Claim) (bool, error) {
-	tag, err := s.db.pool.Exec(ctx, s.db.q.takeover, key[:], c.Token[:], bytesOf(c.Endpoint), c.Fingerprint[:], micros(c.Lease), c.CreatedAt.UnixMicro())
-	if err != nil {
-		return false, s.unavailable("taking over", err)
-	}
-	return tag.RowsAffected() > 0, nil
-}
-
 // Complete replaces the claim c with resp, kept for ttl.
 func (s *Store) Complete(ctx context.Context, key store.Key, c *store.Claim, resp *store.Response, ttl time.Duration) error {
 	var headers []byte // NULL without headers
 	if len(resp.Header) > 0 {
 		buf := headerBuffers.Get().(*[]byte)
-		defer putHeaderBuffer(buf)
+		defer func() {
+			if cap(*buf) <= 16<<10 { // larger buffers are not pooled
+				headerBuffers.Put(buf)
+			}
+		}()
 		*buf = store.AppendHeader((*buf)[:0], resp.Header)
 		headers = *buf
 	}
@@ -118,14 +109,6 @@ func (s *Store) Complete(ctx context.Context, key store.Key, c *store.Claim, res
 // them into its own buffer before Exec returns.
 var headerBuffers = sync.Pool{New: func() any { return new([]byte) }}
 
-const maxHeaderBuffer = 16 << 10 // larger buffers are not pooled
-
-func putHeaderBuffer(buf *[]byte) {
-	if cap(*buf) <= maxHeaderBuffer {
-		headerBuffers.Put(buf)
-	}
-}
-
 // Release deletes the claim held by token.
 func (s *Store) Release(ctx context.Context, key store.Key, token store.Token) error {
 	return s.exec(ctx, "releasing", s.db.q.release, key[:], token[:])
@@ -138,18 +121,25 @@ func (s *Store) Renew(ctx context.Context, key store.Key, token store.Token, lea
 
 // exec runs an owner-checked statement: no row means ErrNotOwner.
 func (s *Store) exec(ctx context.Context, op, sql string, args ...any) error {
-	ctx = s.db.deadlines.bound(ctx)
-	if err := s.db.ensure(ctx); err != nil {
-		return err
-	}
-	tag, err := s.db.pool.Exec(ctx, sql, args...)
-	switch {
-	case err != nil:
-		return s.unavailable(op, err)
-	case tag.RowsAffected() == 0:
+	ok, err := s.affected(ctx, op, sql, args...)
+	if err == nil && !ok {
 		return store.ErrNotOwner
 	}
-	return nil
+	return err
+}
+
+// affected runs a statement once the table exists, and reports whether it
+// affected a row.
+func (s *Store) affected(ctx context.Context, op, sql string, args ...any) (bool, error) {
+	ctx = s.db.deadlines.bound(ctx)
+	if err := s.db.ensure(ctx); err != nil {
+		return false, err
+	}
+	tag, err := s.db.pool.Exec(ctx, sql, args...)
+	if err != nil {
+		return false, s.unavailable(op, err)
+	}
+	return tag.RowsAffected() > 0, nil
 }
 
 // unavailable wraps a database error in store.ErrUnavailable, with a hint

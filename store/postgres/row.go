@@ -17,51 +17,36 @@ import (
 type row struct {
 	rec    store.Record
 	status int32
-	// Acquire's leading columns, and Lookup's trailing one.
+	// Acquire's leading columns, and Lookup's.
 	won     bool
 	ttl     ttlColumn
 	expires time.Time
 	dest    [13]any
 }
 
-// columns sets dest[at:at+11] to the destinations of state, token,
-// endpoint, fingerprint, status, headers, body, truncated,
-// outcome_unknown, sealed and created_at.
-func (r *row) columns(at int) {
+// dests returns the scan destinations of a row of the columns of lead,
+// then state, token, endpoint, fingerprint, status, headers, body,
+// truncated, outcome_unknown, sealed and created_at.
+func (r *row) dests(lead ...any) []any {
 	rec := &r.rec
-	copy(r.dest[at:], []any{
+	n := copy(r.dest[:], lead)
+	n += copy(r.dest[n:], []any{
 		(*stateColumn)(&rec.State), (*tokenColumn)(&rec.Token), (*endpointColumn)(&rec.Endpoint),
 		(*fingerprintColumn)(&rec.Fingerprint), &r.status, (*headersColumn)(&rec.Header),
 		&rec.Body, &rec.Truncated, &rec.OutcomeUnknown, &rec.Sealed, (*timeColumn)(&rec.CreatedAt),
 	})
+	return r.dest[:n]
 }
 
-// acquired returns the scan destinations of Acquire's row: won, ttl, then
-// the record's columns.
-func (r *row) acquired() []any {
-	r.dest[0], r.dest[1] = &r.won, &r.ttl
-	r.columns(2)
-	return r.dest[:13]
-}
-
-// live reports whether the row Acquire found is live.
-func (r *row) live() bool { return r.ttl > 0 }
-
-// looked returns the scan destinations of Lookup's row: the record's
-// columns, then expires_at.
-func (r *row) looked() []any {
-	r.columns(0)
-	r.dest[11] = &r.expires
-	return r.dest[:12]
-}
-
-// record finishes the scanned record, refusing a row without a state.
-func (r *row) record() (*store.Record, error) {
+// record finishes the scanned record, which expires at expires if
+// completed, refusing a row without a state.
+func (r *row) record(expires time.Time) (*store.Record, error) {
 	if r.rec.State == 0 {
 		return nil, errors.New("record without a state")
 	}
 	if r.rec.State == store.Completed { // a claim's status may be watchedStatus
 		r.rec.Status = int(r.status)
+		r.rec.ExpiresAt = expires
 	}
 	return &r.rec, nil
 }
@@ -69,7 +54,6 @@ func (r *row) record() (*store.Record, error) {
 // The column types below scan from the driver's buffer, which pgx reuses;
 // a NULL leaves the field as it was (Acquire's row for a won claim).
 
-// stateColumn accepts only the two states.
 type stateColumn store.State
 
 func (s *stateColumn) ScanBytes(b []byte) error {
@@ -116,7 +100,6 @@ func (t *ttlColumn) ScanInterval(v pgtype.Interval) error {
 	return nil
 }
 
-// endpointColumn is the bytea endpoint column: any bytes the client sent.
 type endpointColumn string
 
 func (e *endpointColumn) ScanBytes(b []byte) error {
@@ -141,7 +124,6 @@ func (h *headersColumn) ScanBytes(b []byte) error {
 	return nil
 }
 
-// timeColumn is a timestamptz column.
 type timeColumn time.Time
 
 func (t *timeColumn) ScanTimestamptz(v pgtype.Timestamptz) error {

@@ -71,22 +71,17 @@ const owned = `key = $1 AND token = $2 AND state <> 'completed' AND ` + isLive
 // Only ends of claims someone waits for are notified: PostgreSQL
 // serializes every NOTIFY at commit across the cluster. A waiter sets the
 // claim's status, unused until completion, to watchedStatus (watch); the
-// completion and release then notify (notifyIfWatched). The row's lock
+// completion and release then notify (ended). The row's lock
 // orders the mark and the end: the waiter reads the completion, or the
 // completion sees the mark. A purge always notifies, for the tiers.
 const watchedStatus = -1
 
-// notifyIfWatched is the condition of the completion and release; channel
-// is a quoted literal.
-func notifyIfWatched(channel string) string {
-	return fmt.Sprintf(`CASE WHEN status = %d THEN pg_notify(%s, '%c' || encode(key, 'hex')) IS NOT NULL ELSE true END`,
-		watchedStatus, channel, store.EventEnded)
-}
-
 // newQueries returns the statements of table, whose events go to channel
 // (a quoted literal).
 func newQueries(table, channel string) queries {
-	ended := ` AND ` + notifyIfWatched(channel)
+	// ended is the condition of the completion and release.
+	ended := fmt.Sprintf(` AND CASE WHEN status = %d THEN pg_notify(%s, '%c' || encode(key, 'hex')) IS NOT NULL ELSE true END`,
+		watchedStatus, channel, store.EventEnded)
 	return queries{
 		// acquire reads the key's row in the statement's snapshot, and
 		// inserts the claim if there is none: the primary key makes the
@@ -132,7 +127,6 @@ WHERE `+owned+ended, table),
 		renew: fmt.Sprintf(`UPDATE %s SET expires_at = now() + $3::bigint * interval '1 microsecond'
 WHERE `+owned, table),
 
-		// watch marks the key's claim watched if it is in progress.
 		watch: fmt.Sprintf(`UPDATE %s SET status = %d
 WHERE key = $1 AND state <> 'completed' AND `+isLive, table, watchedStatus),
 
@@ -142,8 +136,8 @@ WHERE key = $1 AND state <> 'completed' AND `+isLive, table, watchedStatus),
 WHERE ctid = ANY (ARRAY(SELECT ctid FROM %[1]s WHERE expires_at <= now() LIMIT $1))
 AND expires_at <= now()`, table),
 
-		lookup: fmt.Sprintf(`SELECT state, token, endpoint, fingerprint, status, headers, body, truncated, outcome_unknown, sealed,
-	created_at, expires_at
+		lookup: fmt.Sprintf(`SELECT expires_at, state, token, endpoint, fingerprint, status, headers, body, truncated,
+	outcome_unknown, sealed, created_at
 FROM %s WHERE key = $1 AND `+isLive, table),
 
 		// delete notifies even without a row: a tier may hold a record
