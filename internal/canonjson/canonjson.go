@@ -37,11 +37,9 @@
 // (\ud800) is valid JSON and is kept distinct from U+FFFD and from every
 // other string.
 //
-// One call reads the body once: it validates and writes the canonical bytes
-// in the same recursive-descent pass, without decoding into maps. Each
-// object's members are written as spans of one scratch buffer and sorted as
-// spans; scratch space is pooled, so a call allocates nothing in steady
-// state.
+// One call validates and writes the canonical bytes in one recursive-descent
+// pass, without decoding into maps; scratch space is pooled, so a call
+// allocates nothing in steady state.
 package canonjson
 
 import (
@@ -83,12 +81,12 @@ func Write(w io.Writer, body []byte, ign *Ignore) (ok bool) {
 	if !p.document() {
 		return false
 	}
-	if !p.reordered {
-		w.Write(p.buf)
-		return true
+	out := p.buf
+	if p.reordered {
+		p.out = p.emit(p.out[:0])
+		out = p.out
 	}
-	p.out = p.emit(p.out[:0])
-	w.Write(p.out)
+	w.Write(out)
 	return true
 }
 
@@ -106,28 +104,19 @@ func getParser(body []byte, ign *Ignore) *parser {
 }
 
 func (p *parser) release() {
-	p.in = nil
-	p.ign = nil
-	p.pos = 0
-	p.depth = 0
-	p.reordered = false
-	p.buf = trim(p.buf)
-	p.out = trim(p.out)
-	p.objects = trimSpans(p.objects)
-	p.members = trimSpans(p.members)
-	p.stack = trimSpans(p.stack)
+	*p = parser{
+		buf:     trim(p.buf, poolMax),
+		out:     trim(p.out, poolMax),
+		objects: trim(p.objects, poolMax/32), // a span is at most 32 bytes
+		members: trim(p.members, poolMax/32),
+		stack:   trim(p.stack, poolMax/32),
+	}
 	parsers.Put(p)
 }
 
-func trim(b []byte) []byte {
-	if cap(b) > poolMax {
-		return nil
-	}
-	return b[:0]
-}
-
-func trimSpans[T any](s []T) []T {
-	if cap(s) > poolMax/32 { // objects are 20 bytes, members 32
+// trim empties s for reuse, or drops it when it can hold more than limit.
+func trim[T any](s []T, limit int) []T {
+	if cap(s) > limit {
 		return nil
 	}
 	return s[:0]

@@ -40,18 +40,26 @@ const maxStates = 1 << 14
 // (the whole document) is refused: a document with nothing left would be
 // one fingerprint for every body.
 func Compile(pointers []string) (*Ignore, error) {
-	root := &trieNode{id: 0}
-	nodes := []*trieNode{root}
+	nodes := []trieNode{{}} // the root
 	for _, ptr := range pointers {
 		tokens, err := ParsePointer(ptr)
 		if err != nil {
 			return nil, fmt.Errorf("fingerprint_ignore: %w", err)
 		}
-		n := root
+		n := 0
 		for _, t := range tokens {
-			n = n.child(t, &nodes)
+			c, ok := nodes[n].tokens[t]
+			if !ok {
+				c = len(nodes)
+				if nodes[n].tokens == nil {
+					nodes[n].tokens = make(map[string]int)
+				}
+				nodes[n].tokens[t] = c
+				nodes = append(nodes, trieNode{})
+			}
+			n = c
 		}
-		n.end = true
+		nodes[n].end = true
 	}
 	return build(nodes)
 }
@@ -67,17 +75,12 @@ func ParsePointer(ptr string) ([]string, error) {
 	if !utf8.ValidString(ptr) {
 		return nil, bad("not valid UTF-8")
 	}
+	// ~0 and ~1 never overlap, so the counts agree only if every ~ begins one.
+	if strings.Count(ptr, "~") != strings.Count(ptr, "~0")+strings.Count(ptr, "~1") {
+		return nil, bad("~ must be followed by 0 or 1")
+	}
 	tokens := strings.Split(ptr[1:], "/")
 	for i, t := range tokens {
-		for j := 0; j < len(t); j++ {
-			if t[j] != '~' {
-				continue
-			}
-			if j+1 == len(t) || t[j+1] != '0' && t[j+1] != '1' {
-				return nil, bad("~ must be followed by 0 or 1")
-			}
-			j++
-		}
 		tokens[i] = unescape.Replace(t)
 	}
 	return tokens, nil
@@ -87,79 +90,51 @@ func ParsePointer(ptr string) ([]string, error) {
 // that ~01 is ~1 and not /.
 var unescape = strings.NewReplacer("~1", "/", "~0", "~")
 
-// trieNode is one token of one or more pointers.
+// trieNode is one token of one or more pointers: its children, by token
+// (* being the wildcard), are indices into the trie's nodes.
 type trieNode struct {
-	id     int
-	tokens map[string]*trieNode
-	star   *trieNode
+	tokens map[string]int
 	end    bool
-}
-
-func (n *trieNode) child(token string, nodes *[]*trieNode) *trieNode {
-	next := func() *trieNode {
-		c := &trieNode{id: len(*nodes)}
-		*nodes = append(*nodes, c)
-		return c
-	}
-	if token == "*" {
-		if n.star == nil {
-			n.star = next()
-		}
-		return n.star
-	}
-	if n.tokens == nil {
-		n.tokens = make(map[string]*trieNode)
-	}
-	c, ok := n.tokens[token]
-	if !ok {
-		c = next()
-		n.tokens[token] = c
-	}
-	return c
 }
 
 // build turns the trie into an automaton whose states are sets of trie
 // nodes: a path can match a literal token and a * at once.
-func build(nodes []*trieNode) (*Ignore, error) {
+func build(nodes []trieNode) (*Ignore, error) {
 	ign := new(Ignore)
 	if len(nodes) == 1 {
 		return ign, nil
 	}
 	ids := make(map[string]int32)
-	var sets [][]*trieNode
-	add := func(set []*trieNode) (int32, error) {
+	var sets [][]int
+	add := func(set []int) (int32, error) {
 		if len(set) == 0 {
 			return -1, nil
 		}
-		slices.SortFunc(set, func(a, b *trieNode) int { return a.id - b.id })
+		slices.Sort(set)
 		set = slices.Compact(set)
-		var key strings.Builder
-		for _, n := range set {
-			key.WriteString(strconv.Itoa(n.id))
-			key.WriteByte(',')
-		}
-		if id, ok := ids[key.String()]; ok {
+		key := fmt.Sprint(set)
+		if id, ok := ids[key]; ok {
 			return id, nil
 		}
 		if len(sets) == maxStates {
 			return 0, fmt.Errorf("fingerprint_ignore: the pointers overlap too much (more than %d combinations)", maxStates)
 		}
 		id := int32(len(sets))
-		ids[key.String()] = id
+		ids[key] = id
 		sets = append(sets, set)
 		ign.states = append(ign.states, state{other: -1})
 		return id, nil
 	}
-	if _, err := add([]*trieNode{nodes[0]}); err != nil {
+	if _, err := add([]int{0}); err != nil {
 		return nil, err
 	}
 	for i := 0; i < len(sets); i++ {
 		set := sets[i]
-		var stars []*trieNode
+		var stars []int
 		for _, n := range set {
-			ign.states[i].drop = ign.states[i].drop || n.end
-			if n.star != nil {
-				stars = append(stars, n.star)
+			ign.states[i].drop = ign.states[i].drop || nodes[n].end
+			if star, ok := nodes[n].tokens["*"]; ok {
+				stars = append(stars, star)
 			}
 		}
 		if ign.states[i].drop {
@@ -167,13 +142,13 @@ func build(nodes []*trieNode) (*Ignore, error) {
 		}
 		tokens := make(map[string]int32)
 		for _, n := range set {
-			for t := range n.tokens {
-				if _, done := tokens[t]; done {
+			for t := range nodes[n].tokens {
+				if _, done := tokens[t]; done || t == "*" {
 					continue
 				}
 				next := slices.Clone(stars)
 				for _, m := range set {
-					if c := m.tokens[t]; c != nil {
+					if c, ok := nodes[m].tokens[t]; ok {
 						next = append(next, c)
 					}
 				}
@@ -188,9 +163,7 @@ func build(nodes []*trieNode) (*Ignore, error) {
 		if err != nil {
 			return nil, err
 		}
-		if len(tokens) > 0 {
-			ign.states[i].tokens = tokens
-		}
+		ign.states[i].tokens = tokens
 		ign.states[i].other = other
 	}
 	return ign, nil

@@ -5,12 +5,10 @@ import (
 	"strconv"
 )
 
-// number reads a number and writes it as an exact decimal: the digits of
-// its significand with no leading or trailing zeros, and the power of ten
-// they are multiplied by. 1, 1.0, 10e-1 and 0.1e1 all become (1, 0); 100
-// and 1e2 both become (1, 2); every zero becomes the one zero, whatever its
-// sign. Digits are copied, never converted, so numbers of any length keep
-// every digit.
+// number reads a number and writes it as an exact decimal, significand and
+// power of ten: 1, 1.0 and 10e-1 become (1, 0); 100 and 1e2 become (1, 2);
+// every zero is the one zero. Digits are copied, never converted, so
+// numbers of any length keep every digit.
 func (p *parser) number() bool {
 	in := p.in
 	i := p.pos
@@ -147,33 +145,14 @@ func (p *parser) writeExponent(expNeg bool, exp []byte, k int64) {
 // zeros and is larger than |k|.
 func addSmall(dst, d []byte, k int64) []byte {
 	start := len(dst)
-	dst = append(dst, d...)
+	dst = append(append(dst, '0'), d...) // room for a carry
 	x := dst[start:]
-	if k >= 0 {
-		carry := uint64(k)
-		for j := len(x) - 1; j >= 0 && carry > 0; j-- {
-			v := uint64(x[j]-'0') + carry
-			x[j] = '0' + byte(v%10)
-			carry = v / 10
-		}
-		if carry == 0 {
-			return dst
-		}
-		var head [20]byte
-		h := strconv.AppendUint(head[:0], carry, 10)
-		dst = append(dst, h...)
-		copy(dst[start+len(h):], dst[start:len(dst)-len(h)])
-		copy(dst[start:], h)
-		return dst
-	}
-	borrow := uint64(-k)
-	for j := len(x) - 1; j >= 0 && borrow > 0; j-- {
-		sub := borrow % 10
-		borrow /= 10
-		v := int(x[j]-'0') - int(sub)
-		if v < 0 {
+	for j := len(x) - 1; j >= 0 && k != 0; j-- {
+		v := int64(x[j]-'0') + k
+		k = v / 10
+		if v %= 10; v < 0 {
 			v += 10
-			borrow++
+			k--
 		}
 		x[j] = '0' + byte(v)
 	}

@@ -32,20 +32,16 @@ func (p *parser) less(a, b *member) bool { return p.compare(a, b) < 0 }
 // sortMembers sorts one object's members and reports whether they were out
 // of order. Most objects are small and come sorted or nearly so, which
 // insertion sort does in about one pass, with no comparison called through
-// a function value.
+// a function value; a large one out of order goes to SortFunc, since
+// insertion sort is quadratic.
 func (p *parser) sortMembers(ms []member) (moved bool) {
-	if len(ms) > 16 {
-		for i := 1; i < len(ms); i++ {
-			if p.less(&ms[i], &ms[i-1]) {
-				slices.SortFunc(ms, func(a, b member) int { return p.compare(&a, &b) })
-				return true
-			}
-		}
-		return false
-	}
 	for i := 1; i < len(ms); i++ {
 		if !p.less(&ms[i], &ms[i-1]) {
 			continue
+		}
+		if len(ms) > 16 {
+			slices.SortFunc(ms, func(a, b member) int { return p.compare(&a, &b) })
+			return true
 		}
 		m := ms[i]
 		j := i

@@ -3,11 +3,11 @@ package canonjson
 import (
 	"bytes"
 	"encoding/binary"
+	"encoding/hex"
 	"unicode/utf8"
 )
 
-// The canonical form is a prefix-free code, so that no two documents that
-// differ in meaning spell the same bytes:
+// The canonical form is a prefix-free code:
 //
 //	null, false, true   n, f, t
 //	number zero         d 0
@@ -85,12 +85,10 @@ func (p *parser) document() bool {
 
 func (p *parser) skipSpace() {
 	for p.pos < len(p.in) {
-		switch p.in[p.pos] {
-		case ' ', '\t', '\n', '\r':
-			p.pos++
-		default:
+		if c := p.in[p.pos]; c != ' ' && c != '\t' && c != '\n' && c != '\r' {
 			return
 		}
+		p.pos++
 	}
 }
 
@@ -278,140 +276,101 @@ func plain8(x uint64) bool {
 // end are the decoded bytes in buf.
 func (p *parser) string() (start, end int, ok bool) {
 	in := p.in
-	i := p.pos + 1
-	for i < len(in) {
-		if i+8 <= len(in) && plain8(binary.LittleEndian.Uint64(in[i:])) {
-			i += 8
-			continue
-		}
-		if c := in[i]; c < utf8.RuneSelf {
-			if !plain[c] {
-				break
-			}
-			i++
-			continue
-		}
-		r, size := utf8.DecodeRune(in[i:])
-		if r == utf8.RuneError && size == 1 {
-			return 0, 0, false
-		}
-		i += size
-	}
-	if i >= len(in) || in[i] != '"' {
-		return p.escapedString()
-	}
-	raw := in[p.pos+1 : i]
-	p.buf = append(p.buf, tagString)
-	p.buf = binary.AppendUvarint(p.buf, uint64(len(raw)))
-	start = len(p.buf)
-	p.buf = append(p.buf, raw...)
-	p.pos = i + 1
-	return start, len(p.buf), true
-}
-
-// escapedString is string's slow path, for a string with escapes (or one
-// that is not valid).
-func (p *parser) escapedString() (start, end int, ok bool) {
-	in := p.in
-	i := p.pos + 1
+	first := p.pos + 1
+	run, i := first, first // in[run:i] is plain, not yet written
 	p.buf = append(p.buf, tagString)
 	start = len(p.buf)
 	for {
-		run := i
-		for i < len(in) && in[i] < utf8.RuneSelf && plain[in[i]] {
-			i++
+		for i < len(in) {
+			if i+8 <= len(in) && plain8(binary.LittleEndian.Uint64(in[i:])) {
+				i += 8
+			} else if c := in[i]; c < utf8.RuneSelf {
+				if !plain[c] {
+					break
+				}
+				i++
+			} else if r, size := utf8.DecodeRune(in[i:]); r == utf8.RuneError && size == 1 {
+				return 0, 0, false
+			} else {
+				i += size
+			}
 		}
-		p.buf = append(p.buf, in[run:i]...)
 		if i >= len(in) {
 			return 0, 0, false
 		}
-		switch c := in[i]; {
-		case c == '"':
+		switch in[i] {
+		case '"':
 			p.pos = i + 1
+			if run == first { // no escape: the length is known before the bytes
+				p.buf = binary.AppendUvarint(p.buf, uint64(i-run))
+				start = len(p.buf)
+				p.buf = append(p.buf, in[run:i]...)
+				return start, len(p.buf), true
+			}
+			p.buf = append(p.buf, in[run:i]...)
 			start, end = p.prefixLength(start)
 			return start, end, true
-		case c == '\\':
+		case '\\':
+			p.buf = append(p.buf, in[run:i]...)
 			n, ok := p.escape(in[i:])
 			if !ok {
 				return 0, 0, false
 			}
 			i += n
-		case c < 0x20:
+			run = i
+		default: // a control character
 			return 0, 0, false
-		default:
-			r, size := utf8.DecodeRune(in[i:])
-			if r == utf8.RuneError && size == 1 {
-				return 0, 0, false
-			}
-			p.buf = append(p.buf, in[i:i+size]...)
-			i += size
 		}
 	}
 }
+
+// unescaped maps the byte after a backslash to what the escape stands for,
+// for every escape but \u.
+var unescaped = [256]byte{'"': '"', '\\': '\\', '/': '/', 'b': '\b', 'f': '\f', 'n': '\n', 'r': '\r', 't': '\t'}
 
 // escape decodes the escape at the start of s and returns its length.
 func (p *parser) escape(s []byte) (n int, ok bool) {
 	if len(s) < 2 {
 		return 0, false
 	}
-	switch s[1] {
-	case '"', '\\', '/':
-		p.buf = append(p.buf, s[1])
-	case 'b':
-		p.buf = append(p.buf, '\b')
-	case 'f':
-		p.buf = append(p.buf, '\f')
-	case 'n':
-		p.buf = append(p.buf, '\n')
-	case 'r':
-		p.buf = append(p.buf, '\r')
-	case 't':
-		p.buf = append(p.buf, '\t')
-	case 'u':
-		r, ok := hex4(s[2:])
-		if !ok {
-			return 0, false
-		}
-		if r < 0xd800 || r > 0xdfff {
-			p.buf = utf8.AppendRune(p.buf, r)
-			return 6, true
-		}
-		if r < 0xdc00 && len(s) >= 12 && s[6] == '\\' && s[7] == 'u' {
-			if lo, ok := hex4(s[8:]); ok && 0xdc00 <= lo && lo <= 0xdfff {
-				p.buf = utf8.AppendRune(p.buf, 0x10000+(r-0xd800)<<10+(lo-0xdc00))
-				return 12, true
-			}
-		}
-		// A lone surrogate is written as its generalised UTF-8 (WTF-8)
-		// bytes: no valid UTF-8 spells them, and a raw body holding them
-		// is refused, so it stays distinct from U+FFFD and every character.
-		p.buf = append(p.buf, 0xe0|byte(r>>12), 0x80|byte(r>>6)&0x3f, 0x80|byte(r)&0x3f)
-		return 6, true
-	default:
+	if c := unescaped[s[1]]; c != 0 {
+		p.buf = append(p.buf, c)
+		return 2, true
+	}
+	if s[1] != 'u' {
 		return 0, false
 	}
-	return 2, true
+	r, ok := hex4(s[2:])
+	if !ok {
+		return 0, false
+	}
+	if r < 0xd800 || r > 0xdfff {
+		p.buf = utf8.AppendRune(p.buf, r)
+		return 6, true
+	}
+	if r < 0xdc00 && len(s) >= 12 && s[6] == '\\' && s[7] == 'u' {
+		if lo, ok := hex4(s[8:]); ok && 0xdc00 <= lo && lo <= 0xdfff {
+			p.buf = utf8.AppendRune(p.buf, 0x10000+(r-0xd800)<<10+(lo-0xdc00))
+			return 12, true
+		}
+	}
+	// A lone surrogate is written as its generalised UTF-8 (WTF-8) bytes:
+	// no valid UTF-8 spells them, and a raw body holding them is refused,
+	// so it stays distinct from U+FFFD and every character.
+	p.buf = append(p.buf, 0xe0|byte(r>>12), 0x80|byte(r>>6)&0x3f, 0x80|byte(r)&0x3f)
+	return 6, true
 }
 
+// hex4 reads the four hex digits of a \u escape.
 func hex4(s []byte) (rune, bool) {
+	var b [2]byte
 	if len(s) < 4 {
 		return 0, false
 	}
-	var r rune
-	for _, c := range s[:4] {
-		switch {
-		case '0' <= c && c <= '9':
-			c -= '0'
-		case 'a' <= c && c <= 'f':
-			c -= 'a' - 10
-		case 'A' <= c && c <= 'F':
-			c -= 'A' - 10
-		default:
-			return 0, false
-		}
-		r = r<<4 | rune(c)
+	if _, err := hex.Decode(b[:], s[:4]); err != nil {
+		return 0, false
 	}
-	return r, true
+	return rune(b[0])<<8 | rune(b[1]), true
 }
 
 // prefixLength puts the length of buf[start:] before it, once it is known,
