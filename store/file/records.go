@@ -51,9 +51,13 @@ func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (sto
 			continue
 		}
 		if holder != nil {
-			rec, err = store.DecodeRecord(holder) // tookOver is false
+			rec, err := store.DecodeRecord(holder)
+			if err != nil {
+				return store.Acquired{}, err
+			}
+			return store.Acquired{Record: rec}, nil
 		}
-		return store.Acquired{Record: rec, TookOver: tookOver}, err
+		return store.Acquired{TookOver: tookOver}, nil
 	}
 }
 

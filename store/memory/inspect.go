@@ -19,9 +19,12 @@ func defaultName(maxEntries int, maxBytes int64) string {
 
 // exactSize writes n bytes in the largest binary unit that divides it.
 func exactSize(n int64) string {
-	for i := 4; i > 0; i-- {
-		if u := int64(1) << (10 * i); n >= u && n%u == 0 {
-			return fmt.Sprintf("%d%ciB", n/u, "KMGT"[i-1])
+	for _, u := range []struct {
+		shift uint
+		unit  string
+	}{{40, "TiB"}, {30, "GiB"}, {20, "MiB"}, {10, "KiB"}} {
+		if n >= 1<<u.shift && n%(1<<u.shift) == 0 {
+			return fmt.Sprintf("%d%s", n>>u.shift, u.unit)
 		}
 	}
 	return fmt.Sprintf("%dB", n)

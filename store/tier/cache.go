@@ -43,7 +43,10 @@ func (c *Cache) Get(k store.Key) store.Encoded {
 	t := c.t
 	t.Lock()
 	defer t.Unlock()
-	if e := t.Live(k, now().UnixNano()); e != nil && !c.suspended {
+	if c.suspended {
+		return nil
+	}
+	if e := t.Live(k, now().UnixNano()); e != nil {
 		return e.Blob
 	}
 	return nil
