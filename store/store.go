@@ -114,19 +114,30 @@ type Claim struct {
 	// Lease is how long the claim holds without renewal: once it has
 	// passed, another request may take the key over.
 	Lease time.Duration
-	// TTL is how long the key's record will be kept. A store whose claims
-	// would otherwise vanish with their lease (Redis) keeps a claim's
-	// trace for as long past it, so that a takeover of a dead owner's
-	// claim is told (Acquired.TookOver) rather than passing for a new key.
+	// TTL is how long the key's record will be kept. A store that keeps
+	// claims across a dead owner (file, Redis, PostgreSQL) keeps a claim
+	// whose lease passed for as long again, unless it is taken over, so
+	// that a retry within TTL is told it takes a dead owner's claim over
+	// (Acquired.TookOver) rather than passing for a new key.
 	TTL time.Duration
+	// KeepUnknown is on_unknown_outcome keep: a dead owner's claim is not
+	// taken over but becomes, atomically, the unknown outcome of its own
+	// request: a completed record with OutcomeUnknown, bound as the dead
+	// claim was (its Endpoint, Fingerprint and CreatedAt), kept for TTL,
+	// under this claim's Token, so that the dead owner, if only slow,
+	// finds the key no longer its own (ErrNotOwner). Acquire returns that
+	// record, with TookOver set.
+	KeepUnknown bool
 }
 
 // Acquired is what became of a claim: either it holds the key (Record is
-// nil), or the key has a live Record, which the claim left as it was.
+// nil), or the key has a live Record, which the claim left as it was, or,
+// with Claim.KeepUnknown, made of a dead owner's claim.
 type Acquired struct {
 	Record *Record
-	// TookOver is set when the claim replaced an in-progress claim whose
-	// lease had passed.
+	// TookOver is set when the key held an in-progress claim whose lease
+	// had passed: the claim replaced it or, with Claim.KeepUnknown, it
+	// became Record, its request's unknown outcome.
 	TookOver bool
 }
 

@@ -1,6 +1,7 @@
 package storetest
 
 import (
+	"errors"
 	"testing"
 	"time"
 
@@ -16,6 +17,8 @@ func RunTakeover(t *testing.T, open Opener) {
 		t.Run("AfterLeaseExpiry", func(t *testing.T) { testTakeoverAfterLease(t, open(t)) })
 		t.Run("AfterRelease", func(t *testing.T) { testTakeoverAfterRelease(t, open(t)) })
 		t.Run("AfterTTL", func(t *testing.T) { testTakeoverAfterTTL(t, open(t)) })
+		t.Run("KeepUnknown", func(t *testing.T) { testKeepUnknown(t, open(t)) })
+		t.Run("KeepUnknownLiveOrGone", func(t *testing.T) { testKeepUnknownNoDeadClaim(t, open(t)) })
 	})
 }
 
@@ -70,5 +73,83 @@ func testTakeoverAfterTTL(t *testing.T, s store.Store) {
 	time.Sleep(shortLease + 200*time.Millisecond)
 	if rec, took := acquireReporting(t, s, k, newClaim(time.Minute)); rec != nil || took {
 		t.Fatalf("Acquire after the TTL passed = %+v, TookOver %v; want a claim that took nothing over", rec, took)
+	}
+}
+
+// testKeepUnknown checks that with KeepUnknown a dead owner's claim becomes
+// its request's unknown outcome, bound as the dead claim was, whatever the
+// binding of the claim that found it, and that it is then a live record
+// like any other.
+func testKeepUnknown(t *testing.T, s store.Store) {
+	k, dead := NewKey(), newClaim(shortLease)
+	dead.TTL = time.Minute
+	mustAcquire(t, s, k, dead)
+	time.Sleep(shortLease + 200*time.Millisecond)
+
+	other := newClaim(time.Minute)
+	other.Endpoint, other.TTL, other.KeepUnknown = "POST example.com/other", time.Minute, true
+	rec, took := acquireReporting(t, s, k, other)
+	if rec == nil || !took {
+		t.Fatalf("Acquire with KeepUnknown after the lease passed = %+v, TookOver %v; want the unknown outcome, taken over", rec, took)
+	}
+	checkUnknownOf(t, "Acquire with KeepUnknown", rec, dead)
+
+	// Now a completed record: found as it is, by a claim with or without
+	// KeepUnknown, and no takeover.
+	for _, keep := range []bool{false, true} {
+		again := newClaim(time.Minute)
+		again.TTL, again.KeepUnknown = time.Minute, keep
+		rec, took := acquireReporting(t, s, k, again)
+		if rec == nil || took {
+			t.Fatalf("Acquire (KeepUnknown %v) after the unknown outcome = %+v, TookOver %v; want the record, no takeover", keep, rec, took)
+		}
+		checkUnknownOf(t, "the record found later", rec, dead)
+	}
+	// The token that made it cannot end it: it holds no claim.
+	if err := s.Release(ctx(t), k, other.Token); !errors.Is(err, store.ErrNotOwner) {
+		t.Fatalf("Release by the token that found the dead claim = %v, want ErrNotOwner", err)
+	}
+	if err := s.Complete(ctx(t), k, dead, completed(201, []byte("late")), time.Minute); !errors.Is(err, store.ErrNotOwner) {
+		t.Fatalf("Complete by the dead owner = %v, want ErrNotOwner", err)
+	}
+}
+
+// checkUnknownOf checks that rec is the unknown outcome of dead's request.
+func checkUnknownOf(t *testing.T, what string, rec *store.Record, dead *store.Claim) {
+	t.Helper()
+	switch {
+	case rec.State != store.Completed || !rec.OutcomeUnknown:
+		t.Fatalf("%s: state %v, outcome unknown %v; want a completed unknown outcome", what, rec.State, rec.OutcomeUnknown)
+	case rec.Endpoint != dead.Endpoint || rec.Fingerprint != dead.Fingerprint:
+		t.Fatalf("%s: bound to %q %x, want the dead claim's %q %x", what, rec.Endpoint, rec.Fingerprint[:4], dead.Endpoint, dead.Fingerprint[:4])
+	case !rec.CreatedAt.Equal(dead.CreatedAt.Truncate(time.Microsecond)) && !rec.CreatedAt.Equal(dead.CreatedAt):
+		t.Fatalf("%s: created at %v, want the dead claim's %v", what, rec.CreatedAt, dead.CreatedAt)
+	case rec.ExpiresAt.IsZero() || time.Until(rec.ExpiresAt) < 30*time.Second:
+		t.Fatalf("%s: expires at %v, want about a minute from now (the TTL)", what, rec.ExpiresAt)
+	}
+}
+
+// testKeepUnknownNoDeadClaim checks that KeepUnknown changes nothing where
+// no dead claim is: a new key, a live claim, a completed record.
+func testKeepUnknownNoDeadClaim(t *testing.T, s store.Store) {
+	keep := func() *store.Claim {
+		c := newClaim(time.Minute)
+		c.TTL, c.KeepUnknown = time.Minute, true
+		return c
+	}
+	k, first := NewKey(), keep()
+	if rec, took := acquireReporting(t, s, k, first); rec != nil || took {
+		t.Fatalf("first Acquire with KeepUnknown = %+v, TookOver %v; want a plain claim", rec, took)
+	}
+	rec, took := acquireReporting(t, s, k, keep())
+	if rec == nil || took || rec.State != store.InProgress || rec.Token != first.Token {
+		t.Fatalf("Acquire of a live claim with KeepUnknown = %+v, TookOver %v; want the live claim", rec, took)
+	}
+	if err := s.Complete(ctx(t), k, first, completed(201, []byte("done")), time.Minute); err != nil {
+		t.Fatalf("Complete: %v", err)
+	}
+	rec, took = acquireReporting(t, s, k, keep())
+	if rec == nil || took || rec.State != store.Completed || rec.OutcomeUnknown || rec.Status != 201 {
+		t.Fatalf("Acquire of a completed record with KeepUnknown = %+v, TookOver %v; want the record", rec, took)
 	}
 }
