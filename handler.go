@@ -1,6 +1,7 @@
 package idempotency
 
 import (
+	"context"
 	"net/http"
 	"slices"
 	"time"
@@ -107,11 +108,10 @@ func (a *attempt) claimKey() error {
 		Token:       newToken(),
 		Endpoint:    endpointOf(h.Endpoint, r, a.repl),
 		Fingerprint: h.payload.of(r, body.contents()),
-		CreatedAt:   time.Now(),
 		Lease:       h.lease,
 		TTL:         h.ttl,
 	}
-	got, err := h.store.Acquire(r.Context(), a.key, &a.claim)
+	got, err := a.acquire(r.Context())
 	switch rec := got.Record; {
 	case err != nil:
 		return a.storeFailed(err)
@@ -122,6 +122,13 @@ func (a *attempt) claimKey() error {
 	default:
 		return a.replay(rec)
 	}
+}
+
+// acquire sends the attempt's claim to the store. The claim is dated as it
+// is sent, each time: a won claim's lease is counted from then (leases.start).
+func (a *attempt) acquire(ctx context.Context) (store.Acquired, error) {
+	a.claim.CreatedAt = time.Now()
+	return a.h.store.Acquire(ctx, a.key, &a.claim)
 }
 
 // Interface guard

@@ -42,7 +42,7 @@ func (a *attempt) wait() error {
 		case <-timer.C:
 		}
 		unwatch()
-		got, err := h.store.Acquire(ctx, a.key, &a.claim)
+		got, err := a.acquire(ctx)
 		rec := got.Record
 		switch {
 		case err != nil && a.r.Context().Err() != nil:
