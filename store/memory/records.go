@@ -16,7 +16,7 @@ func (m *Memory) Acquire(_ context.Context, k store.Key, c *store.Claim) (store.
 		return store.Acquired{TookOver: tookOver}, err
 	}
 	rec, err := store.DecodeRecord(found)
-	return store.Acquired{Record: rec}, err
+	return store.Acquired{Record: rec, TookOver: tookOver}, err
 }
 
 // claim records c's claim unless k has a live record, whose blob it returns
@@ -27,12 +27,25 @@ func (m *Memory) claim(k store.Key, c *store.Claim) (found store.Encoded, tookOv
 	defer t.Unlock()
 	n := now()
 	nano := n.UnixNano()
-	// An expired claim still here is a dead owner's: this takes it over.
+	// An expired claim still here is a dead owner's: this takes it over,
+	// or with KeepUnknown makes it its request's unknown outcome.
 	if e := t.Lookup(k); e != nil {
 		if nano < e.Expires {
 			return e.Blob, false, nil
 		}
 		tookOver = e.Blob.State() == store.InProgress
+		if tookOver && c.KeepUnknown {
+			blob, expires, err := unknownOutcome(e.Blob, c, n)
+			if err != nil {
+				return nil, false, err
+			}
+			err = t.Replace(e, blob, expires.UnixNano())
+			m.countEvictions()
+			if err != nil {
+				return nil, false, err
+			}
+			return blob, true, nil
+		}
 		t.Remove(e)
 	}
 	blob := store.AppendClaim(nil, c) // only now: a replay needs none
@@ -43,6 +56,18 @@ func (m *Memory) claim(k store.Key, c *store.Claim) (found store.Encoded, tookOv
 	}
 	t.Insert(k, blob, n.Add(c.Lease).UnixNano())
 	return nil, tookOver, nil
+}
+
+// unknownOutcome is the record that the dead claim becomes for c, with
+// KeepUnknown: the dead claim's binding, under c's token, kept for c.TTL.
+func unknownOutcome(dead store.Encoded, c *store.Claim, n time.Time) (store.Encoded, time.Time, error) {
+	rec, err := store.DecodeRecord(dead)
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	expires := n.Add(c.TTL)
+	heir := &store.Claim{Token: c.Token, Endpoint: rec.Endpoint, Fingerprint: rec.Fingerprint, CreatedAt: rec.CreatedAt}
+	return store.AppendCompleted(nil, heir, &store.Response{OutcomeUnknown: true}, expires), expires, nil
 }
 
 // Complete replaces the claim c with resp, kept for ttl.
