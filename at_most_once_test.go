@@ -24,8 +24,10 @@ func TestTakeoverOfADeadOwnerIsAnUnknownOutcome(t *testing.T) {
 			})
 			b := &backend{}
 			clientKey := "crashed-" + itoa(testSeq.Add(1))
-			// The dead owner: a claim nobody renews or ends.
-			dead := &store.Claim{Token: newToken(), Endpoint: "POST example.com/pay", CreatedAt: time.Now(), Lease: 100 * time.Millisecond}
+			// The dead owner: a claim nobody renews or ends, of this very request.
+			req := post("/pay", clientKey, "x")
+			dead := &store.Claim{Token: newToken(), Endpoint: "POST api.example.com/pay", Fingerprint: h.payload.of(req, []byte("x")),
+				CreatedAt: time.Now(), Lease: 100 * time.Millisecond, TTL: time.Minute}
 			if got, err := h.store.Acquire(context.Background(), store.NewKey("", clientKey), dead); err != nil || got.Record != nil {
 				t.Fatalf("the dead owner's claim: %v %v", got.Record, err)
 			}
@@ -44,6 +46,32 @@ func TestTakeoverOfADeadOwnerIsAnUnknownOutcome(t *testing.T) {
 			if n := b.runs.Load(); n != 1 {
 				t.Errorf("release: the upstream ran %d times, want 1", n)
 			}
+		}
+	})
+}
+
+// With keep, a dead owner's claim stays bound to what it was claimed for:
+// its request's retry is told the outcome is unknown (502), and the key
+// used for another payload or endpoint is refused (422) as it would be had
+// the dead request completed. Neither runs.
+func TestDeadOwnersKeptClaimKeepsItsBinding(t *testing.T) {
+	eachStore(t, func(t *testing.T, raw json.RawMessage) {
+		h := provision(t, raw, func(h *Handler) { h.OnUnknownOutcome = unknownKeep })
+		b := &backend{}
+		clientKey := "crashed-" + itoa(testSeq.Add(1))
+		original := post("/pay", clientKey, `{"amount":100}`)
+		dead := &store.Claim{Token: newToken(), Endpoint: "POST api.example.com/pay", Fingerprint: h.payload.of(original, []byte(`{"amount":100}`)),
+			CreatedAt: time.Now(), Lease: 100 * time.Millisecond, TTL: time.Minute}
+		if got, err := h.store.Acquire(context.Background(), store.NewKey("", clientKey), dead); err != nil || got.Record != nil {
+			t.Fatalf("the dead owner's claim: %v %v", got.Record, err)
+		}
+		time.Sleep(300 * time.Millisecond) // past its lease
+
+		wantProblem(t, do(h, b, post("/pay", clientKey, `{"amount":999}`)), http.StatusUnprocessableEntity, "Idempotency-Key is already used")
+		wantProblem(t, do(h, b, post("/refund", clientKey, `{"amount":100}`)), http.StatusUnprocessableEntity, "Idempotency-Key is already used")
+		wantProblem(t, do(h, b, original), http.StatusBadGateway, "The outcome of the request for this Idempotency-Key is unknown")
+		if n := b.runs.Load(); n != 0 {
+			t.Errorf("the upstream ran %d times, want never", n)
 		}
 	})
 }

@@ -74,24 +74,27 @@ func (a *attempt) storeFailed(err error) error {
 	return a.refuse(problemStoreUnavailable)
 }
 
-// run runs the request as the owner of the key's claim, and ends the claim
-// with what it answered. tookOver says that the claim replaced a dead
-// owner's, whose request may have run, or be running, on an instance that
-// died.
-func (a *attempt) run(tookOver bool) (err error) {
-	h := a.h
-	if tookOver {
-		h.metrics.tookOver()
-		if h.OnUnknownOutcome == unknownKeep {
-			// At most once: the dead owner's request may have been carried
-			// out, so this one is its unknown outcome, not a second run.
-			defer store.SignalEnd(a.key)
-			a.keepUnknown(detached(a.r.Context()), "took over the claim of a request whose owner died while it ran", nil)
-			return a.refuse(problemOutcomeUnknown)
-		}
-		h.logger.Info("took over the claim of a request whose lease passed; running it again",
+// tookOver notes that the key held a claim whose lease passed: its owner
+// died while its request ran, here or on another instance. Without keep,
+// the attempt's claim replaced it, and the request runs again; with keep,
+// the store made it rec, its request's unknown outcome (Claim.KeepUnknown),
+// which the attempt is answered from like any record.
+func (a *attempt) tookOver(rec *store.Record) {
+	a.h.metrics.tookOver()
+	if rec != nil {
+		a.h.logger.Warn("the claim of a request whose owner died while it ran is kept as its unknown outcome until its ttl (on_unknown_outcome keep)",
 			zap.String("key_hash", a.key.String()))
+		store.SignalEnd(a.key)
+		return
 	}
+	a.h.logger.Info("took over the claim of a request whose lease passed; running it again",
+		zap.String("key_hash", a.key.String()))
+}
+
+// run runs the request as the owner of the key's claim, and ends the claim
+// with what it answered.
+func (a *attempt) run() (err error) {
+	h := a.h
 	a.result(resultNew)
 	rw := newRecorder(a.w, h.MaxResponseBody)
 	defer rw.free()

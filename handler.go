@@ -110,13 +110,17 @@ func (a *attempt) claimKey() error {
 		Fingerprint: h.payload.of(r, body.contents()),
 		Lease:       h.lease,
 		TTL:         h.ttl,
+		KeepUnknown: h.OnUnknownOutcome == unknownKeep,
 	}
 	got, err := a.acquire(r.Context())
+	if got.TookOver {
+		a.tookOver(got.Record)
+	}
 	switch rec := got.Record; {
 	case err != nil:
 		return a.storeFailed(err)
 	case rec == nil:
-		return a.run(got.TookOver)
+		return a.run()
 	case rec.State == store.InProgress && h.MaxWait > 0 && boundTo(rec, &a.claim):
 		return a.wait()
 	default:

@@ -43,6 +43,9 @@ func (a *attempt) wait() error {
 		}
 		unwatch()
 		got, err := a.acquire(ctx)
+		if got.TookOver {
+			a.tookOver(got.Record)
+		}
 		rec := got.Record
 		switch {
 		case err != nil && a.r.Context().Err() != nil:
@@ -53,7 +56,7 @@ func (a *attempt) wait() error {
 			return a.storeFailed(err)
 		case rec == nil:
 			endWait(span, "owner_released")
-			return a.run(got.TookOver)
+			return a.run()
 		case rec.State != store.InProgress || !boundTo(rec, &a.claim):
 			endWait(span, "owner_finished")
 			return a.replay(rec)
