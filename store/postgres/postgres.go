@@ -12,8 +12,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"net/url"
-	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -134,7 +132,7 @@ func (s *Store) Provision(ctx caddy.Context) error {
 	}
 	cfg, err := pgxpool.ParseConfig(s.dsn)
 	if err != nil {
-		return fmt.Errorf("parsing dsn: %w", err)
+		return dsnError(s.dsn, err)
 	}
 	if cfg.ConnConfig.ConnectTimeout == 0 {
 		cfg.ConnConfig.ConnectTimeout = defaultConnectTimeout
@@ -223,30 +221,6 @@ func (s Store) String() string {
 
 // GoString keeps %#v from printing the password.
 func (s Store) GoString() string { return s.String() }
-
-var keywordPassword = regexp.MustCompile(`(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)`)
-
-// redactDSN hides the password of a URL or keyword=value DSN. Placeholders
-// are not secrets until resolved.
-func redactDSN(dsn string) string {
-	scheme, rest, isURL := strings.Cut(dsn, "://")
-	if !isURL {
-		return keywordPassword.ReplaceAllString(dsn, "${1}xxxxx")
-	}
-	u, err := url.Parse(dsn)
-	if err != nil {
-		// Perhaps a character in the password: hide all before the host.
-		if i := strings.LastIndexByte(rest, '@'); i >= 0 {
-			return scheme + "://xxxxx" + rest[i:]
-		}
-		return dsn
-	}
-	if q := u.Query(); q.Has("password") {
-		q.Set("password", "xxxxx")
-		u.RawQuery = q.Encode()
-	}
-	return u.Redacted()
-}
 
 // Interface guards
 var (

@@ -167,3 +167,39 @@ func TestPoolReplacedByReload(t *testing.T) {
 	}
 	storetest.CheckReplacedByReload(t, old, replacement)
 }
+
+// A DSN that does not parse is reported without its password, however the
+// password is written: pgx's own redaction misses some spellings.
+func TestParseErrorHidesPassword(t *testing.T) {
+	for _, dsn := range []string{
+		"host=127.0.0.1 port=notaport user=u password = s3cret dbname=db",
+		"host=127.0.0.1 port=notaport user=u password= s3cret dbname=db",
+		"host=127.0.0.1 port=notaport user=u password ='s3 cret' dbname=db",
+		"host=127.0.0.1 port=notaport user=u password='s3cret' dbname=db",
+		"postgres://u:s3cret@127.0.0.1:notaport/db",
+		"postgres://u:s3\"cret@127.0.0.1:notaport/db",
+		"postgres://u@127.0.0.1:notaport/db?password=s3cret",
+		"postgres://u:s3cret@127.0.0.1/db?connect_timeout=never",
+		"host=127.0.0.1 user=u password = s3cret connect_timeout=never",
+		"host=127.0.0.1 user=u password='s3cret",
+		"host=127.0.0.1 user=u password = s3cret pool_max_conns=s3cret",
+		"host=127.0.0.1 port=notaport sslpassword = s3cret",
+		"postgres://u:s3/cret@127.0.0.1:notaport/db",
+		"postgres://u:s3cret@127.0.0.1/db?pool_max_conns=s3cret",
+	} {
+		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+		s := &Store{DSN: dsn}
+		err := s.Provision(ctx)
+		cancel()
+		s.Cleanup()
+		if err == nil || !strings.Contains(err.Error(), "parsing dsn") {
+			t.Errorf("Provision(%q) = %v, want a parse error", dsn, err)
+			continue
+		}
+		for _, out := range []string{err.Error(), fmt.Sprintf("%+v", err), fmt.Sprintf("%#v", err)} {
+			if strings.Contains(out, "s3") || strings.Contains(out, "cret") {
+				t.Errorf("Provision(%q) error shows the password: %s", dsn, out)
+			}
+		}
+	}
+}
