@@ -16,7 +16,8 @@ import (
 // Each function runs once, in queue order, in the shared transaction, and
 // its error is its own: it must fail before writing anything, so that it
 // leaves no trace in a transaction that commits the others. If the commit
-// fails, every writer in it gets that error.
+// fails, or anything in the transaction panics, every writer in it gets
+// that error.
 type groupCommit struct {
 	db *bolt.DB
 
@@ -68,23 +69,29 @@ func (g *groupCommit) update(fn func(*bolt.Tx) error) error {
 }
 
 func (g *groupCommit) commit(batch []*pendingWrite) {
-	err := g.db.Update(func(tx *bolt.Tx) (err error) {
-		// A panicking write fails the transaction rather than leave the
-		// others waiting and the queue without a leader.
-		defer func() {
-			if p := recover(); p != nil {
-				err = fmt.Errorf("a write in the transaction panicked: %v", p)
-			}
-		}()
-		for _, w := range batch {
-			w.err = w.fn(tx)
-		}
-		return nil
-	})
+	err := g.transact(batch)
 	for _, w := range batch {
 		if err != nil {
 			w.err = err
 		}
 		w.done <- struct{}{} // buffered: the leader never reads its own
 	}
+}
+
+// transact runs batch in one write transaction. A panic, in a write or in
+// bbolt's commit, is the error of the whole transaction rather than leave
+// the others waiting and the queue without a leader; bbolt has rolled the
+// transaction back, or closed it, before it lets the panic through.
+func (g *groupCommit) transact(batch []*pendingWrite) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("the write transaction panicked: %v", p)
+		}
+	}()
+	return g.db.Update(func(tx *bolt.Tx) error {
+		for _, w := range batch {
+			w.err = w.fn(tx)
+		}
+		return nil
+	})
 }

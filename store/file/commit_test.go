@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -120,6 +121,42 @@ func TestGroupCommitSurvivesAPanickingWrite(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// A panic inside bbolt's commit, after every write ran (here a commit
+// handler's, which bbolt runs within Commit), fails the transaction too
+// (issue 35): its writer gets an error, not the panic, and the group
+// commit is handed on, so that the next write commits rather than wait
+// forever for a leader.
+func TestGroupCommitSurvivesAPanicInTheCommit(t *testing.T) {
+	g := &groupCommit{db: openBolt(t)}
+	errc := make(chan error, 1)
+	go func() {
+		defer func() {
+			if p := recover(); p != nil {
+				errc <- fmt.Errorf("the panic escaped the group commit: %v", p)
+			}
+		}()
+		errc <- g.update(func(tx *bolt.Tx) error {
+			tx.OnCommit(func() { panic("boom") })
+			return tx.Bucket(records).Put([]byte("a"), []byte("v"))
+		})
+	}()
+	if err := <-errc; err == nil || !strings.Contains(err.Error(), "panicked: boom") {
+		t.Errorf("the write whose commit panicked = %v, want an error that says so", err)
+	}
+	next := make(chan error, 1)
+	go func() {
+		next <- g.update(func(tx *bolt.Tx) error { return tx.Bucket(records).Put([]byte("b"), []byte("v")) })
+	}()
+	select {
+	case err := <-next:
+		if err != nil {
+			t.Fatalf("the next write: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the next write did not return within 10s: the panic left the group commit held")
+	}
 }
 
 // Writes to one key in one shared transaction apply in order, as serial
