@@ -177,21 +177,23 @@ func (cs *claims) lookup(k store.Key, t time.Time) (blob store.Encoded, expires 
 // remove deletes k's claim whoever holds it, and reports whether it held
 // the key. A completion under way then fails with ErrNotOwner if it has not
 // written yet; the caller deletes it from the file if it has.
+//
+// The journal is told even if memory holds no claim: a committed
+// completion whose end of claim the journal refused (settle) left its
+// claim there, and once the caller has deleted the record, nothing would
+// stop the next process from bringing the claim back.
 func (cs *claims) remove(k store.Key, t time.Time) (bool, error) {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	if cs.closed {
 		return false, errClosed
 	}
-	e := cs.byKey[k]
-	if e == nil {
-		return false, nil
-	}
 	if err := cs.log.drop(k); err != nil {
 		return false, err
 	}
+	e := cs.byKey[k]
 	delete(cs.byKey, k)
-	return e.alive(t.UnixNano()), nil
+	return e != nil && e.alive(t.UnixNano()), nil
 }
 
 // list returns copies of the claims made by cutoff that hold their key at t.

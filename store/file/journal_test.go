@@ -211,22 +211,14 @@ func TestJournalRefusesAWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	cs := s.db.claims
-	cs.mu.Lock()
-	good := cs.log.f
-	readOnly, err := os.Open(cs.log.path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cs.log.f = readOnly
-	cs.mu.Unlock()
+	restore := refuseJournalWrites(t, s)
 	unavailable := func(what string, err error) {
 		t.Helper()
 		if !errors.Is(err, store.ErrUnavailable) {
 			t.Fatalf("%s with a journal that refuses writes = %v, want ErrUnavailable", what, err)
 		}
 	}
-	_, err = s.Acquire(ctx, storetest.NewKey(), claim(time.Minute))
+	_, err := s.Acquire(ctx, storetest.NewKey(), claim(time.Minute))
 	unavailable("Acquire", err)
 	unavailable("Renew", s.Renew(ctx, k, c.Token, time.Hour))
 	unavailable("Release", s.Release(ctx, k, c.Token))
@@ -236,10 +228,7 @@ func TestJournalRefusesAWrite(t *testing.T) {
 		t.Fatalf("Complete with a journal that refuses writes: %v", err)
 	}
 
-	cs.mu.Lock()
-	cs.log.f = good
-	readOnly.Close()
-	cs.mu.Unlock()
+	restore()
 	if got, err := s.Acquire(ctx, k, claim(time.Minute)); err != nil || got.Record == nil || got.Record.Token != c.Token {
 		t.Fatalf("the claim after refused changes = %+v, %v; want it held", got, err)
 	}
@@ -248,5 +237,54 @@ func TestJournalRefusesAWrite(t *testing.T) {
 	}
 	if rec, exp, err := s.Lookup(ctx, k); err != nil || rec == nil || exp.After(time.Now().Add(time.Minute)) {
 		t.Fatalf("Lookup of the claim = %+v until %v, %v; want the lease the journal has", rec, exp, err)
+	}
+}
+
+// A purge is final (issue 35): a completion whose end of claim the journal
+// refused (a full disk) leaves the claim in the journal, and once the key
+// is purged no record wins over it there. The next process must not bring
+// the claim back.
+func TestPurgeAfterARefusedEndOfClaim(t *testing.T) {
+	dir := t.TempDir()
+	s := storetest.Provision(t, &Store{Path: dir})
+	ctx := context.Background()
+	k, c := storetest.NewKey(), claim(time.Minute)
+	if _, err := s.Acquire(ctx, k, c); err != nil {
+		t.Fatal(err)
+	}
+	restore := refuseJournalWrites(t, s)
+	if err := s.Complete(ctx, k, c, &store.Response{Status: 201}, time.Hour); err != nil {
+		t.Fatalf("Complete with a journal that refuses writes: %v", err)
+	}
+	restore()
+	if found, err := s.Delete(ctx, k); err != nil || !found {
+		t.Fatalf("Delete = %v, %v; want the record purged", found, err)
+	}
+	s.Cleanup()
+
+	s = storetest.Provision(t, &Store{Path: dir})
+	if got, err := s.Acquire(ctx, k, claim(time.Minute)); err != nil || got.Record != nil || got.TookOver {
+		t.Fatalf("Acquire of the purged key after a restart = %+v (TookOver %v), %v; want a new claim", got.Record, got.TookOver, err)
+	}
+}
+
+// refuseJournalWrites makes every append to s's journal fail, until the
+// returned function undoes it.
+func refuseJournalWrites(t *testing.T, s *Store) (restore func()) {
+	t.Helper()
+	cs := s.db.claims
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	good := cs.log.f
+	readOnly, err := os.Open(cs.log.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs.log.f = readOnly
+	return func() {
+		cs.mu.Lock()
+		defer cs.mu.Unlock()
+		cs.log.f = good
+		readOnly.Close()
 	}
 }
