@@ -3,8 +3,8 @@ package postgres
 import (
 	"context"
 	"errors"
-	"fmt"
 	"hash/fnv"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -68,7 +68,7 @@ func newDatabase(cfg *pgxpool.Config, schema, table string, create bool, losses 
 		q:         newQueries(name, quoteLiteral(channel)),
 		events:    newListener(listenCfg, channel, losses, logger),
 		qualified: name,
-		ddl:       fmt.Sprintf("SELECT pg_advisory_xact_lock(%d);\n%s", lockID("ddl", name), DDL(schema, table)),
+		ddl:       "SELECT pg_advisory_xact_lock(" + strconv.FormatInt(lockID("ddl", name), 10) + ");\n" + DDL(schema, table),
 		reapLock:  lockID("reap", name),
 		deadlines: newDeadlines(),
 		logger:    logger,

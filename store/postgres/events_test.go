@@ -332,3 +332,15 @@ func TestListenerLossIsCountedAndRecovers(t *testing.T) {
 		t.Fatalf("%v losses counted for one kill", got-before)
 	}
 }
+
+// A % in the table name is a character like any other: completions and
+// releases run and notify the table's own channel, and waiters on another
+// instance wake.
+func TestPercentInTableName(t *testing.T) {
+	for _, table := range []string{"idem%keys" + newTable(), `a%'b` + newTable(), "%s%d%%{channel}{table}" + newTable()} {
+		t.Run(table, func(t *testing.T) {
+			waiter, owner := instances(t, shared.DSN(), "", table, 0)
+			storetest.NotifyWakes(t, waiter, owner)
+		})
+	}
+}

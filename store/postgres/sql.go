@@ -1,7 +1,8 @@
 package postgres
 
 import (
-	"fmt"
+	"strconv"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 
@@ -15,10 +16,11 @@ import (
 // that writes the table. endpoint is bytea: text refuses NUL and invalid
 // UTF-8.
 func DDL(schema, table string) string {
-	name := qualify(schema, table)
-	index := pgx.Identifier{table + "_expires_at_idx"}.Sanitize()
-	inFlight := pgx.Identifier{table + "_in_progress_idx"}.Sanitize()
-	return fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %[1]s (
+	return strings.NewReplacer(
+		"{table}", qualify(schema, table),
+		"{expires_at_idx}", pgx.Identifier{table + "_expires_at_idx"}.Sanitize(),
+		"{in_progress_idx}", pgx.Identifier{table + "_in_progress_idx"}.Sanitize(),
+	).Replace(`CREATE TABLE IF NOT EXISTS {table} (
 	key             bytea       PRIMARY KEY,
 	state           text        NOT NULL,
 	token           bytea       NOT NULL,
@@ -33,9 +35,9 @@ func DDL(schema, table string) string {
 	created_at      timestamptz NOT NULL DEFAULT now(),
 	expires_at      timestamptz NOT NULL
 );
-CREATE INDEX IF NOT EXISTS %[2]s ON %[1]s (expires_at);
-CREATE INDEX IF NOT EXISTS %[3]s ON %[1]s (created_at) WHERE state = 'in_progress';
-`, name, index, inFlight)
+CREATE INDEX IF NOT EXISTS {expires_at_idx} ON {table} (expires_at);
+CREATE INDEX IF NOT EXISTS {in_progress_idx} ON {table} (created_at) WHERE state = 'in_progress';
+`)
 }
 
 // qualify quotes the table name, to be used exactly as written.
@@ -76,12 +78,19 @@ const owned = `key = $1 AND token = $2 AND state <> 'completed' AND ` + isLive
 // completion sees the mark. A purge always notifies, for the tiers.
 const watchedStatus = -1
 
+// watchedMark is watchedStatus as SQL.
+var watchedMark = strconv.Itoa(watchedStatus)
+
+// ended is the condition that the completion and release add: it notifies
+// the end of a watched claim.
+var ended = ` AND CASE WHEN status = ` + watchedMark + ` THEN pg_notify({channel}, '` + string(store.EventEnded) +
+	`' || encode(key, 'hex')) IS NOT NULL ELSE true END`
+
 // newQueries returns the statements of table, whose events go to channel
-// (a quoted literal).
+// (a quoted literal). The names go in by a single-pass replacement, never
+// through a format verb: a name is used as written, %, braces and all.
 func newQueries(table, channel string) queries {
-	// ended is the condition of the completion and release.
-	ended := fmt.Sprintf(` AND CASE WHEN status = %d THEN pg_notify(%s, '%c' || encode(key, 'hex')) IS NOT NULL ELSE true END`,
-		watchedStatus, channel, store.EventEnded)
+	names := strings.NewReplacer("{table}", table, "{channel}", channel)
 	return queries{
 		// acquire reads the key's row in the statement's snapshot, and
 		// inserts the claim if there is none: the primary key makes the
@@ -93,12 +102,12 @@ func newQueries(table, channel string) queries {
 		// Both CTEs see the snapshot of the statement's start, so when a
 		// concurrent claim commits after it, claimed conflicts but old
 		// holds no row: no row is returned and Acquire runs it again.
-		acquire: fmt.Sprintf(`WITH old AS (
+		acquire: names.Replace(`WITH old AS (
 	SELECT state, token, endpoint, fingerprint, status, headers, body, truncated, outcome_unknown, sealed,
 		created_at, expires_at - now() AS ttl
-	FROM %[1]s WHERE key = $1
+	FROM {table} WHERE key = $1
 ), claimed AS (
-	INSERT INTO %[1]s (key, state, token, endpoint, fingerprint, created_at, expires_at)
+	INSERT INTO {table} (key, state, token, endpoint, fingerprint, created_at, expires_at)
 	SELECT $1, 'in_progress', $2::bytea, $3::bytea, $4::bytea, 'epoch'::timestamptz + $6::bigint * interval '1 microsecond', now() + $5::bigint * interval '1 microsecond'
 	WHERE NOT EXISTS (SELECT FROM old)
 	ON CONFLICT (key) DO NOTHING
@@ -108,48 +117,47 @@ SELECT true, NULL::interval, NULL::text, NULL::bytea, NULL::bytea, NULL::bytea, 
 	false, false, false, NULL::timestamptz FROM claimed
 UNION ALL
 SELECT false, ttl, state, token, endpoint, fingerprint, status, headers, body, truncated, outcome_unknown, sealed,
-	created_at FROM old`, table),
+	created_at FROM old`),
 
 		// takeover replaces the key's expired row with the claim. The
 		// update locks the row and rechecks expires_at on its newest
 		// version, so two takeovers cannot both win. Status 0: unwatched.
-		takeover: fmt.Sprintf(`UPDATE %s SET state = 'in_progress', token = $2, endpoint = $3, fingerprint = $4,
+		takeover: names.Replace(`UPDATE {table} SET state = 'in_progress', token = $2, endpoint = $3, fingerprint = $4,
 	status = 0, headers = NULL, body = NULL, truncated = false, outcome_unknown = false, sealed = false,
 	created_at = 'epoch'::timestamptz + $6::bigint * interval '1 microsecond', expires_at = now() + $5::bigint * interval '1 microsecond'
-WHERE key = $1 AND `+isExpired, table),
+WHERE key = $1 AND ` + isExpired),
 
-		complete: fmt.Sprintf(`UPDATE %s SET state = 'completed', status = $3, headers = $4, body = $5,
+		complete: names.Replace(`UPDATE {table} SET state = 'completed', status = $3, headers = $4, body = $5,
 	truncated = $6, outcome_unknown = $7, sealed = $8, expires_at = now() + $9::bigint * interval '1 microsecond'
-WHERE `+owned+ended, table),
+WHERE ` + owned + ended),
 
-		release: fmt.Sprintf(`DELETE FROM %s WHERE `+owned+ended, table),
+		release: names.Replace(`DELETE FROM {table} WHERE ` + owned + ended),
 
-		renew: fmt.Sprintf(`UPDATE %s SET expires_at = now() + $3::bigint * interval '1 microsecond'
-WHERE `+owned, table),
+		renew: names.Replace(`UPDATE {table} SET expires_at = now() + $3::bigint * interval '1 microsecond'
+WHERE ` + owned),
 
-		watch: fmt.Sprintf(`UPDATE %s SET status = %d
-WHERE key = $1 AND state <> 'completed' AND `+isLive, table, watchedStatus),
+		watch: names.Replace(`UPDATE {table} SET status = ` + watchedMark + `
+WHERE key = $1 AND state <> 'completed' AND ` + isLive),
 
 		// A TID scan deletes the batch the index found. The outer recheck
 		// keeps a row taken over since the inner SELECT.
-		reap: fmt.Sprintf(`DELETE FROM %[1]s
-WHERE ctid = ANY (ARRAY(SELECT ctid FROM %[1]s WHERE expires_at <= now() LIMIT $1))
-AND expires_at <= now()`, table),
+		reap: names.Replace(`DELETE FROM {table}
+WHERE ctid = ANY (ARRAY(SELECT ctid FROM {table} WHERE expires_at <= now() LIMIT $1))
+AND expires_at <= now()`),
 
-		lookup: fmt.Sprintf(`SELECT expires_at, state, token, endpoint, fingerprint, status, headers, body, truncated,
+		lookup: names.Replace(`SELECT expires_at, state, token, endpoint, fingerprint, status, headers, body, truncated,
 	outcome_unknown, sealed, created_at
-FROM %s WHERE key = $1 AND `+isLive, table),
+FROM {table} WHERE key = $1 AND ` + isLive),
 
 		// delete notifies even without a row: a tier may hold a record
 		// whose row is gone.
-		delete: fmt.Sprintf(`WITH gone AS (DELETE FROM %s WHERE key = $1 RETURNING expires_at > now() AS live)
-SELECT coalesce((SELECT live FROM gone), false), pg_notify(%s, '%c' || encode($1, 'hex')) IS NOT NULL`,
-			table, channel, store.EventPurged),
+		delete: names.Replace(`WITH gone AS (DELETE FROM {table} WHERE key = $1 RETURNING expires_at > now() AS live)
+SELECT coalesce((SELECT live FROM gone), false), pg_notify({channel}, '` + string(store.EventPurged) + `' || encode($1, 'hex')) IS NOT NULL`),
 
 		// inFlight reads no body or headers; the partial index on
 		// created_at serves it.
-		inFlight: fmt.Sprintf(`SELECT key, endpoint, created_at, expires_at FROM %s
+		inFlight: names.Replace(`SELECT key, endpoint, created_at, expires_at FROM {table}
 WHERE state = 'in_progress' AND expires_at > now() AND created_at <= now() - $1::bigint * interval '1 microsecond'
-ORDER BY created_at, key LIMIT $2`, table),
+ORDER BY created_at, key LIMIT $2`),
 	}
 }
