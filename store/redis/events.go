@@ -13,7 +13,7 @@ import (
 // the in-progress claim KEYS[1] (head ARGV[1]) watched in place, keeping its
 // expiry, and answers 1, or 0 if not in progress: in one step, so that a
 // completion sees the flag or is seen by the check.
-var notifyScript = codecScript(`
+var notifyScript = codecScript(endsClaim + `
 local head = redis.call('GETRANGE', KEYS[1], 0, {flags_offset})
 if string.sub(head, 1, #ARGV[1]) ~= ARGV[1] or #head ~= {flags_offset} + 1 then return 0 end
 local flags = string.byte(head, #head)

@@ -21,7 +21,7 @@ import (
 // key: a second, even in the same slot, fails with TRYAGAIN while a Cluster
 // migrates it. A completion resent after a late reply finds the record's own
 // prefix and answers 3: success, though its record may not be the stored one.
-var completeScript = codecScript(`
+var completeScript = codecScript(endsClaim + `
 local head = redis.call('GETRANGE', KEYS[1], 0, {flags_offset})
 local owner = string.sub(head, 1, {owner_len})
 if owner == ARGV[1] then
@@ -40,6 +40,14 @@ redis.call('DEL', KEYS[1])
 if bit.band(string.byte(head, {flags_offset} + 1) or 0, {watched}) ~= 0 then return 2 end
 return 1
 `)
+
+// endsClaim starts a script that renews or ends a running claim: Redis runs
+// it when full (maxmemory reached, with noeviction), where it would refuse
+// its SET or SETRANGE, and the running request would lose its claim to a
+// duplicate once memory frees. New work stays refused: a claim is SET NX GET
+// or takeoverScript, which declares no flags. Declaring flags also holds a
+// script to the keys it declares, in one slot, as each script here is anyway.
+const endsClaim = "#!lua flags=allow-oom"
 
 // codecScript writes the layout's {owner_len}, {flags_offset}, {watched} and
 // {lease_end} into the script: as arguments, Redis would convert them on
@@ -63,7 +71,7 @@ const (
 // key's expiry by as much, so that the trace kept past the lease
 // (keyLife) stays as long as Acquire made it. The times are Unix
 // nanoseconds; as Lua numbers they lose less than a microsecond.
-var renewScript = codecScript(`
+var renewScript = codecScript(endsClaim + `
 local head = redis.call('GETRANGE', KEYS[1], 0, {lease_end} + 7)
 if string.sub(head, 1, {owner_len}) ~= ARGV[1] then return 0 end
 local moved = struct.unpack('>I8', ARGV[2]) - struct.unpack('>I8', string.sub(head, {lease_end} + 1))

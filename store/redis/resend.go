@@ -61,7 +61,7 @@ func (r *replication) run(ctx context.Context) {
 
 // resendScript writes the record again for WAIT to count, if the key holds
 // it or the owner's claim (a failover lost the completion, not the claim).
-var resendScript = goredis.NewScript(`
+var resendScript = goredis.NewScript(endsClaim + `
 local head = redis.call('GETRANGE', KEYS[1], 0, #ARGV[1] - 1)
 if head ~= ARGV[1] and head ~= string.sub(ARGV[2], 1, #ARGV[1]) then return 0 end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
