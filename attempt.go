@@ -56,7 +56,7 @@ func (a *attempt) storeFailed(err error) error {
 			zap.String("key_id", u.keyID), zap.Strings("configured_key_ids", h.keys.ids()))
 		return a.refuse(problemUnreadable)
 	}
-	a.withdraw(detached(a.r.Context()))
+	a.withdraw()
 	if a.r.Context().Err() != nil {
 		a.result(resultGone)
 		a.w.WriteHeader(statusClientClosed) // for the access log, as reverse_proxy does
@@ -180,36 +180,15 @@ func (a *attempt) keepUnknown(ctx context.Context, why string, err error) {
 }
 
 // release gives the claim back, so that the retry runs the request anew.
-// When the store fails, the claim is withdrawn in the background, as a
-// response the store refused is stored later: until the claim's lease
-// passes, after which the lease has settled the matter anyway.
+// When the store fails, the claim is withdrawn until the store takes it
+// (withdraw.go).
 func (a *attempt) release(ctx context.Context, why string) {
 	err := a.h.store.Release(ctx, a.key, a.claim.Token)
 	if err != nil && !errors.Is(err, store.ErrNotOwner) {
-		a.h.logger.Warn("releasing the claim failed; retrying until the lease passes",
+		a.h.logger.Warn("releasing the claim failed; withdrawing it until the store takes it",
 			zap.String("key_hash", a.key.String()), zap.String("reason", why), zap.Error(err))
-		a.withdraw(ctx)
+		a.withdraw()
 	}
-}
-
-// withdraw releases a claim whose Acquire or Release failed. A timed-out
-// claim may still land once the store recovers (the command was only
-// delayed); left alone, it would answer the client's retry with 409 for a
-// whole lease although nothing runs. Commands on other connections are not
-// ordered with the delayed one, so the release is repeated until the store
-// has answered twice (the second answer comes after the backlog that held
-// the claim) or the claim was removed. The token is unique to this
-// request, so a release can only ever remove this claim.
-func (a *attempt) withdraw(ctx context.Context) {
-	s, key, tok := a.h.store, a.key, a.claim.Token
-	answered := 0
-	a.retryLater(ctx, func(ctx context.Context) error { return s.Release(ctx, key, tok) },
-		func(err error) bool {
-			if errors.Is(err, store.ErrNotOwner) {
-				answered++
-			}
-			return err == nil || answered == 2
-		})
 }
 
 // completeLater keeps trying to store a response the store refused while

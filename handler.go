@@ -128,9 +128,12 @@ func (a *attempt) claimKey() error {
 	}
 }
 
-// acquire sends the attempt's claim to the store. The claim is dated as it
-// is sent, each time: a won claim's lease is counted from then (leases.start).
+// acquire sends the attempt's claim to the store, once this process's
+// earlier claims of the key that failed are withdrawn. The claim is dated
+// as it is sent, each time: a won claim's lease is counted from then
+// (leases.start).
 func (a *attempt) acquire(ctx context.Context) (store.Acquired, error) {
+	withdrawals.land(ctx, a.key)
 	a.claim.CreatedAt = time.Now()
 	return a.h.store.Acquire(ctx, a.key, &a.claim)
 }

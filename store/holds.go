@@ -33,6 +33,8 @@ type Holds struct {
 	lease atomic.Int64 // the longest lease of any hold taken, in ns
 	// detached is set by Detach; then the last Give runs release.
 	detached atomic.Bool
+	// closed is set once the last user gave the backend back: it is closed.
+	closed atomic.Bool
 
 	mu      sync.Mutex
 	release func() // the deferred give-back; nil before Detach and once run
@@ -110,6 +112,10 @@ func (h *Holds) expire() {
 	h.runLocked()
 }
 
+// Closed reports whether the store's backend was closed, after a reload
+// replaced it: its calls fail from then on. False on a nil *Holds.
+func (h *Holds) Closed() bool { return h != nil && h.closed.Load() }
+
 // runLocked runs the release once, outside h.mu, which it unlocks.
 func (h *Holds) runLocked() {
 	release := h.release
@@ -127,7 +133,9 @@ func (h *Holds) runLocked() {
 // closeLater gives back the pool entry at key with the last hold.
 func closeLater(h *Holds, replaced bool, name string, pool usagePool, key string) bool {
 	return h.later(func() {
-		if _, err := pool.Delete(key); err != nil {
+		deleted, err := pool.Delete(key)
+		h.closed.Store(deleted)
+		if err != nil {
 			caddy.Log().Named("idempotency.store").Error("closing a store replaced by a reload",
 				zap.String("store", name), zap.Error(err))
 		}
