@@ -1,8 +1,11 @@
 package postgres
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
@@ -18,8 +21,8 @@ import (
 func DDL(schema, table string) string {
 	return strings.NewReplacer(
 		"{table}", qualify(schema, table),
-		"{expires_at_idx}", pgx.Identifier{table + "_expires_at_idx"}.Sanitize(),
-		"{in_progress_idx}", pgx.Identifier{table + "_in_progress_idx"}.Sanitize(),
+		"{expires_at_idx}", pgx.Identifier{indexName(table, expiryIndex)}.Sanitize(),
+		"{in_progress_idx}", pgx.Identifier{indexName(table, inFlightIndex)}.Sanitize(),
 	).Replace(`CREATE TABLE IF NOT EXISTS {table} (
 	key             bytea       PRIMARY KEY,
 	state           text        NOT NULL,
@@ -38,6 +41,36 @@ func DDL(schema, table string) string {
 CREATE INDEX IF NOT EXISTS {expires_at_idx} ON {table} (expires_at);
 CREATE INDEX IF NOT EXISTS {in_progress_idx} ON {table} (created_at) WHERE state = 'in_progress';
 `)
+}
+
+// What the table's indexes serve, in their names: the reaper's expiry, and
+// the claims in flight that the admin API lists.
+const (
+	expiryIndex   = "expires_at"
+	inFlightIndex = "in_progress"
+)
+
+// indexHashBytes is how much of the table name's hash an index name
+// carries, and indexPrefix how much of the table's name: with the longest
+// purpose, the name fills maxIdentifier.
+const (
+	indexHashBytes = 4
+	indexPrefix    = maxIdentifier - len("_"+inFlightIndex+"_") - 2*indexHashBytes
+)
+
+// indexName names table's index for purpose: the start of the table's
+// name, the purpose, and a hash of the whole name. PostgreSQL cuts names
+// at 63 bytes, so that table + "_" + purpose would, for a long table,
+// become the table's own name or the other index's, and CREATE INDEX IF
+// NOT EXISTS would skip the index without a word.
+func indexName(table, purpose string) string {
+	table = strings.ReplaceAll(table, "\x00", "") // as pgx drops it from identifiers
+	sum := sha256.Sum256([]byte(table))
+	n := min(len(table), indexPrefix)
+	for n < len(table) && !utf8.RuneStart(table[n]) { // no rune cut in two
+		n--
+	}
+	return table[:n] + "_" + purpose + "_" + hex.EncodeToString(sum[:indexHashBytes])
 }
 
 // qualify quotes the table name, to be used exactly as written.
