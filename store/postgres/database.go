@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
@@ -40,7 +41,9 @@ type database struct {
 	logger    *zap.Logger
 
 	// ready is set once the table is known to exist (or create_table is
-	// off); until then every call tries to create it.
+	// off); until then every call tries to create it. With create_table
+	// on, a call that finds the table gone clears it (dropped).
+	create bool
 	ready  atomic.Bool
 	warned atomic.Bool
 	// ensuring lets one caller at a time run the DDL; a channel, so that
@@ -72,6 +75,7 @@ func newDatabase(cfg *pgxpool.Config, schema, table string, create bool, losses 
 		reapLock:  lockID("reap", name),
 		deadlines: newDeadlines(),
 		logger:    logger,
+		create:    create,
 		ensuring:  make(chan struct{}, 1),
 		stop:      stop,
 		done:      make(chan struct{}),
@@ -137,6 +141,22 @@ func (db *database) ensure(ctx context.Context) error {
 	return nil
 }
 
+// dropped reports whether err says that the table does not exist. With
+// create_table on, the table was dropped since it was made ready: the
+// next call, or the reaper's next run, creates it again.
+func (db *database) dropped(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "42P01" { // undefined_table
+		return false
+	}
+	if db.create && db.ready.Swap(false) {
+		db.warned.Store(true) // ensure says when it is back
+		db.logger.Warn("the idempotency table is gone; creating it again; requests follow on_store_error until it exists",
+			zap.String("table", db.qualified))
+	}
+	return true
+}
+
 // run creates the table as soon as the database answers, and reaps
 // expired rows every interval until Destruct.
 func (db *database) run(ctx context.Context, interval time.Duration) {
@@ -199,6 +219,7 @@ func (db *database) reap(ctx context.Context, batch int, afterBatch func()) (del
 	for {
 		tag, err := conn.Exec(ctx, db.q.reap, batch)
 		if err != nil {
+			db.dropped(err)
 			return deleted, store.Unavailable("reaping", err)
 		}
 		deleted += tag.RowsAffected()

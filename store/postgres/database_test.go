@@ -181,3 +181,49 @@ func TestCreateTableConcurrently(t *testing.T) {
 		t.Fatalf("%d rows in the schema's table (%v), want 8", n, err)
 	}
 }
+
+// A table dropped while the store runs is created again, with its indexes,
+// when create_table is on: the call that finds it gone fails, without
+// telling the operator to turn on what is on, and the calls after it work.
+func TestDroppedTableIsCreatedAgain(t *testing.T) {
+	table := newTable()
+	s := storetest.Provision(t, &Store{DSN: shared.DSN(), Table: table})
+	ctx := context.Background()
+	if rec, err := recordOf(s.Acquire(ctx, storetest.NewKey(), claim(time.Minute))); rec != nil || err != nil {
+		t.Fatalf("Acquire = %+v, %v", rec, err)
+	}
+	sqlExec(t, shared.DSN(), "DROP TABLE "+s.db.qualified)
+	_, err := s.Acquire(ctx, storetest.NewKey(), claim(time.Minute))
+	if !errors.Is(err, store.ErrUnavailable) || strings.Contains(err.Error(), "create_table") {
+		t.Errorf("Acquire on the dropped table = %v, want ErrUnavailable without a hint to turn create_table on", err)
+	}
+	k, c := storetest.NewKey(), claim(time.Minute)
+	if rec, err := recordOf(s.Acquire(ctx, k, c)); rec != nil || err != nil {
+		t.Fatalf("Acquire after the dropped table's first error = %+v, %v; want a claim in the table created again", rec, err)
+	}
+	if err := s.Complete(ctx, k, c, &store.Response{Status: 201}, time.Minute); err != nil {
+		t.Fatalf("Complete in the table created again: %v", err)
+	}
+	if defs := indexesOf(t, table); len(defs) != 2 {
+		t.Fatalf("the table created again has %d indexes besides its primary key, want 2: %q", len(defs), defs)
+	}
+}
+
+// With create_table off, a dropped table is the operator's to create: the
+// error says so, call after call.
+func TestDroppedTableWithCreateTableOff(t *testing.T) {
+	off, table := false, newTable()
+	sqlExec(t, shared.DSN(), DDL("", table))
+	s := storetest.Provision(t, &Store{DSN: shared.DSN(), Table: table, CreateTable: &off})
+	ctx := context.Background()
+	if rec, err := recordOf(s.Acquire(ctx, storetest.NewKey(), claim(time.Minute))); rec != nil || err != nil {
+		t.Fatalf("Acquire = %+v, %v", rec, err)
+	}
+	sqlExec(t, shared.DSN(), "DROP TABLE "+s.db.qualified)
+	for range 2 {
+		_, err := s.Acquire(ctx, storetest.NewKey(), claim(time.Minute))
+		if !errors.Is(err, store.ErrUnavailable) || !strings.Contains(err.Error(), "turn create_table on") {
+			t.Fatalf("Acquire on the dropped table = %v, want ErrUnavailable with the hint to create it", err)
+		}
+	}
+}

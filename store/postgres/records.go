@@ -9,7 +9,6 @@ import (
 	"unsafe"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
@@ -142,15 +141,19 @@ func (s *Store) affected(ctx context.Context, op, sql string, args ...any) (bool
 	return tag.RowsAffected() > 0, nil
 }
 
-// unavailable wraps a database error in store.ErrUnavailable, with a hint
-// when the table is missing.
+// unavailable wraps a database error in store.ErrUnavailable, saying what
+// becomes of a missing table: created again with create_table on, else
+// the operator's to create.
 func (s *Store) unavailable(op string, err error) error {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
-		return fmt.Errorf("%w: %s: table %s does not exist; create it (see DDL) or turn create_table on: %w",
+	switch {
+	case !s.db.dropped(err):
+		return store.Unavailable(op, err)
+	case s.db.create:
+		return fmt.Errorf("%w: %s: table %s does not exist (dropped?); the next call creates it again: %w",
 			store.ErrUnavailable, op, s.db.qualified, err)
 	}
-	return store.Unavailable(op, err)
+	return fmt.Errorf("%w: %s: table %s does not exist; create it (see DDL) or turn create_table on: %w",
+		store.ErrUnavailable, op, s.db.qualified, err)
 }
 
 // bytesOf is s as a bytea argument, without a copy: pgx only reads it
