@@ -3,7 +3,6 @@ package redis
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"errors"
 	"strconv"
 	"strings"
@@ -67,31 +66,24 @@ const (
 	completedBefore = 3
 )
 
-// renewScript moves the lease end in the claim's head to ARGV[2] and the
-// key's expiry by as much, so that the trace kept past the lease
-// (keyLife) stays as long as Acquire made it. The times are Unix
-// nanoseconds; as Lua numbers they lose less than a microsecond.
+// renewScript sets the lease end in the claim's head to ARGV[2] ns past
+// Redis's clock, which judges takeovers (takeoverScript), and moves the
+// key's expiry by as much, so that the trace kept past the lease (keyLife)
+// stays as long as Acquire made it.
 var renewScript = codecScript(endsClaim + `
 local head = redis.call('GETRANGE', KEYS[1], 0, {lease_end} + 7)
-if string.sub(head, 1, {owner_len}) ~= ARGV[1] then return 0 end
-local moved = struct.unpack('>I8', ARGV[2]) - struct.unpack('>I8', string.sub(head, {lease_end} + 1))
-redis.call('SETRANGE', KEYS[1], {lease_end}, ARGV[2])
+if string.sub(head, 1, {owner_len}) ~= ARGV[1] then return 0 end` + redisNow + `
+local ends = now + tonumber(ARGV[2])
+local moved = ends - struct.unpack('>I8', head, {lease_end} + 1)
+redis.call('SETRANGE', KEYS[1], {lease_end}, struct.pack('>I8', ends))
 return redis.call('PEXPIRE', KEYS[1], math.max(1, math.floor(redis.call('PTTL', KEYS[1]) + moved / 1e6 + 0.5)))
 `)
 
-// takeoverScript replaces a dead owner's claim, whose head up to its flags
-// is ARGV[1], with the claim ARGV[2] for ARGV[3] ms, and answers 1; a key
-// gone meanwhile it claims too, answering 0. A key that holds anything else
-// now (renewed, ended, taken over by another) it leaves, and answers what
-// it holds, for Acquire to decide again. The flags are left out of the
-// comparison: a waiter may have marked the dead claim watched.
-var takeoverScript = goredis.NewScript(`
-local held = redis.call('GET', KEYS[1])
-if held and string.sub(held, 1, #ARGV[1]) ~= ARGV[1] then return held end
-redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-if held then return 1 end
-return 0
-`)
+// redisNow sets now to Redis's clock, in the head's unit, Unix nanoseconds;
+// as Lua numbers, these times lose less than a microsecond.
+const redisNow = `
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1e9 + tonumber(time[2]) * 1e3`
 
 // bound gives ctx the call deadline on a Cluster, unless it has one as near;
 // elsewhere go-redis's timeouts bound a call's two tries, without a timer.
@@ -112,8 +104,7 @@ var now = time.Now
 
 // keyLife is how long a claim's key lives: its lease, and as long again as
 // its record would be kept (Claim.TTL), so that a dead owner's retry takes
-// the claim over (Acquired.TookOver) rather than run as new. The lease end in
-// the head is the writer's clock, judged by the reader's: they must agree.
+// the claim over (Acquired.TookOver) rather than run as new.
 func keyLife(c *store.Claim) time.Duration {
 	if c.TTL <= 0 {
 		return c.Lease + defaultTrace
@@ -133,7 +124,9 @@ const leaseEndOffset = store.FlagsOffset - 2 - 8
 // over the claim meanwhile.
 const maxTakeovers = 3
 
-// appendClaim appends c's claim, its lease ending a lease from now.
+// appendClaim appends c's claim, its lease ending a lease from now by this
+// clock: a new key's claim is a plain SET NX GET, which cannot read Redis's.
+// Renewals and takeovers write Redis's clock, which judges the lease.
 func appendClaim(dst []byte, c *store.Claim) []byte {
 	return store.AppendRecord(dst, &store.Record{
 		State: store.InProgress, Token: c.Token, Endpoint: c.Endpoint, Fingerprint: c.Fingerprint,
@@ -188,7 +181,12 @@ func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (sto
 		if tries == maxTakeovers || !leasePassed(held, now()) {
 			return s.found(key, held, version)
 		}
-		held, tookOver, err = s.writeClaim(ctx, w, held[:store.FlagsOffset])
+		dead := held[:store.FlagsOffset]
+		held, tookOver, err = s.writeClaim(ctx, w, dead)
+		if bytes.HasPrefix(held, dead) {
+			// Unchanged, and alive by Redis's clock, which decides.
+			return s.found(key, held, version)
+		}
 	}
 	if err != nil {
 		return store.Acquired{}, store.Unavailable("acquiring", err)
@@ -220,7 +218,7 @@ func (s *Store) writeClaim(ctx context.Context, w claimWrite, dead []byte) ([]by
 			if dead == nil {
 				return setClaim(ctx, p, w)
 			}
-			return evalScript(ctx, p, takeoverScript, eval, []string{w.k}, dead, w.claim, w.px)
+			return evalScript(ctx, p, takeoverScript, eval, []string{w.k}, dead, w.claim, w.px, int64(w.c.Lease))
 		})
 		if err != nil {
 			return nil, false, err
@@ -228,7 +226,7 @@ func (s *Store) writeClaim(ctx context.Context, w claimWrite, dead []byte) ([]by
 	case dead == nil:
 		cmd = setClaim(ctx, s.calls, w)
 	default:
-		cmd = takeoverScript.Run(ctx, s.calls, []string{w.k}, dead, w.claim, w.px)
+		cmd = takeoverScript.Run(ctx, s.calls, []string{w.k}, dead, w.claim, w.px, int64(w.c.Lease))
 	}
 	held, wrote, tookOver, err := claimReply(cmd)
 	if err != nil {
@@ -374,13 +372,12 @@ func (s *Store) Release(ctx context.Context, key store.Key, token store.Token) e
 	return err
 }
 
-// Renew sets the lease of the claim held by token to lease from now, in its
-// head and in the key's expiry.
+// Renew sets the lease of the claim held by token to lease from now by
+// Redis's clock, in its head and in the key's expiry.
 func (s *Store) Renew(ctx context.Context, key store.Key, token store.Token, lease time.Duration) error {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	end := binary.BigEndian.AppendUint64(make([]byte, 0, 8), uint64(now().Add(lease).UnixNano()))
-	_, err := s.owned(renewScript.Run(ctx, s.calls, []string{s.key(key)}, owner(token), end), "renewing")
+	_, err := s.owned(renewScript.Run(ctx, s.calls, []string{s.key(key)}, owner(token), int64(lease)), "renewing")
 	return err
 }
 
