@@ -41,6 +41,9 @@ func (cs *claims) generation(k store.Key) uint64 { return cs.settled[k[0]].Load(
 type held struct {
 	blob    store.Encoded // never written once built: decoded outside the lock
 	expires int64         // the end of the lease, in Unix nanoseconds
+	// keep is how long past its lease the claim is kept for a dead owner
+	// (dead.go), unless it is taken over: its Claim.TTL.
+	keep time.Duration
 	// storing is set while the owner's completion is being committed: the
 	// claim holds whatever its lease says, and cannot be taken over,
 	// released or completed again.
@@ -53,30 +56,52 @@ var errClosed = berrors.ErrDatabaseNotOpen
 // alive reports whether e holds its key at n.
 func (e *held) alive(n int64) bool { return e.storing || n < e.expires }
 
+// taken is what take made of a claim.
+type taken struct {
+	holder   store.Encoded // the live claim that holds the key, if any
+	tookOver bool          // the claim replaced a dead owner's
+	// stale: a completion of the key's shard was committed since
+	// generation returned the caller's count, and the caller must read
+	// the file again.
+	stale bool
+	// heir, with Claim.KeepUnknown, is the claim that replaced a dead
+	// owner's, bound as the dead one was, pinned for its completion as
+	// the dead request's unknown outcome (database.keepUnknown).
+	heir *held
+}
+
 // take claims k for c at t unless it is held, returning then the holder's
-// record. tookOver: the claim replaced one whose lease had passed. stale: a
-// completion of k's shard was committed since generation returned gen, and
-// the caller must read the file again.
-func (cs *claims) take(k store.Key, c *store.Claim, t time.Time, gen uint64) (holder store.Encoded, tookOver, stale bool, err error) {
-	blob := store.AppendClaim(nil, c) // outside the lock: it needs nothing from it
+// record; gen is what generation returned before the caller read the file.
+func (cs *claims) take(k store.Key, c *store.Claim, t time.Time, gen uint64) (taken, error) {
+	claim := &held{blob: store.AppendClaim(nil, c), expires: t.Add(c.Lease).UnixNano(), keep: keepOf(c)}
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	if cs.closed {
-		return nil, false, false, errClosed
+		return taken{}, errClosed
 	}
+	n := t.UnixNano()
 	old := cs.byKey[k]
-	if old != nil && old.alive(t.UnixNano()) {
-		return old.blob, false, false, nil
+	if old != nil && old.alive(n) {
+		return taken{holder: old.blob}, nil
 	}
 	if cs.settled[k[0]].Load() != gen {
-		return nil, false, true, nil
+		return taken{stale: true}, nil
 	}
-	expires := t.Add(c.Lease).UnixNano()
-	if err := cs.log.put(k, blob, expires); err != nil {
-		return nil, false, false, err
+	dead := old != nil && !old.gone(n)
+	if dead && c.KeepUnknown {
+		if err := claim.inherit(old, c); err != nil {
+			return taken{}, err
+		}
 	}
-	cs.byKey[k] = &held{blob: blob, expires: expires}
-	return nil, old != nil, false, nil
+	if err := cs.log.put(k, claim); err != nil {
+		return taken{}, err
+	}
+	cs.byKey[k] = claim
+	r := taken{tookOver: dead}
+	if claim.storing {
+		r.heir = claim
+	}
+	return r, nil
 }
 
 // owned returns k's claim if tok holds it at n. The caller holds the lock.
@@ -117,11 +142,12 @@ func (cs *claims) renew(k store.Key, tok store.Token, lease time.Duration, t tim
 	if err != nil {
 		return err
 	}
-	expires := t.Add(lease).UnixNano()
-	if err := cs.log.put(k, e.blob, expires); err != nil {
+	renewed := *e
+	renewed.expires = t.Add(lease).UnixNano()
+	if err := cs.log.put(k, &renewed); err != nil {
 		return err
 	}
-	e.expires = expires
+	e.expires = renewed.expires
 	return nil
 }
 
@@ -213,8 +239,8 @@ func (cs *claims) list(t, cutoff time.Time) (map[store.Key]*held, error) {
 	return out, nil
 }
 
-// sweep drops the claims whose lease has passed; until then, claiming
-// their key reports a takeover.
+// sweep drops the dead owners' claims that are kept no longer (held.gone):
+// until then, claiming their key takes them over.
 func (cs *claims) sweep(t time.Time) error {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
@@ -222,16 +248,16 @@ func (cs *claims) sweep(t time.Time) error {
 		return nil
 	}
 	n := t.UnixNano()
-	var dead []store.Key
+	var gone []store.Key
 	for k, e := range cs.byKey {
-		if !e.alive(n) {
-			dead = append(dead, k)
+		if e.gone(n) {
+			gone = append(gone, k)
 		}
 	}
-	if err := cs.log.drop(dead...); err != nil {
+	if err := cs.log.drop(gone...); err != nil {
 		return err
 	}
-	for _, k := range dead {
+	for _, k := range gone {
 		delete(cs.byKey, k)
 	}
 	return nil

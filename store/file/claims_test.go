@@ -19,15 +19,15 @@ func TestClaimsPinnedDuringCompletion(t *testing.T) {
 	cs := newClaims()
 	k, c := storetest.NewKey(), claim(time.Second)
 	t0 := time.Now()
-	if holder, _, stale, err := cs.take(k, c, t0, cs.generation(k)); holder != nil || stale || err != nil {
-		t.Fatalf("take = %v, stale %v, %v", holder, stale, err)
+	if r, err := cs.take(k, c, t0, cs.generation(k)); r.holder != nil || r.stale || err != nil {
+		t.Fatalf("take = %+v, %v", r, err)
 	}
 	e, err := cs.pin(k, c.Token, t0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	late := t0.Add(time.Minute)
-	if holder, _, _, _ := cs.take(k, claim(time.Second), late, cs.generation(k)); !holder.ClaimedBy(c.Token) {
+	if r, _ := cs.take(k, claim(time.Second), late, cs.generation(k)); !r.holder.ClaimedBy(c.Token) {
 		t.Fatal("a claim being completed was taken over after its lease")
 	}
 	if err := cs.release(k, c.Token, t0); !errors.Is(err, store.ErrNotOwner) {
@@ -68,21 +68,21 @@ func TestClaimsStaleBehindACompletion(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if holder, _, stale, _ := cs.take(k, claim(time.Minute), t0, gen); !holder.ClaimedBy(owner.Token) || stale {
+	if r, _ := cs.take(k, claim(time.Minute), t0, gen); !r.holder.ClaimedBy(owner.Token) || r.stale {
 		t.Fatal("a claim being completed was not returned as the key's holder")
 	}
 	cs.settle(k, e, true)
-	if holder, _, stale, _ := cs.take(k, claim(time.Minute), t0, gen); holder != nil || !stale {
-		t.Fatalf("take behind a committed completion = %v, stale %v; want stale", holder, stale)
+	if r, _ := cs.take(k, claim(time.Minute), t0, gen); r.holder != nil || !r.stale {
+		t.Fatalf("take behind a committed completion = %v, stale %v; want stale", r.holder, r.stale)
 	}
 	if _, _, ok, _ := cs.lookup(k, t0); ok {
 		t.Fatal("a stale take claimed the key")
 	}
-	if holder, _, stale, _ := cs.take(other, claim(time.Minute), t0, otherGen); holder != nil || stale {
-		t.Fatalf("take of another shard = %v, stale %v; want a claim", holder, stale)
+	if r, _ := cs.take(other, claim(time.Minute), t0, otherGen); r.holder != nil || r.stale {
+		t.Fatalf("take of another shard = %v, stale %v; want a claim", r.holder, r.stale)
 	}
-	if holder, _, stale, _ := cs.take(k, claim(time.Minute), t0, cs.generation(k)); holder != nil || stale {
-		t.Fatalf("take after reading the file again = %v, stale %v; want a claim", holder, stale)
+	if r, _ := cs.take(k, claim(time.Minute), t0, cs.generation(k)); r.holder != nil || r.stale {
+		t.Fatalf("take after reading the file again = %v, stale %v; want a claim", r.holder, r.stale)
 	}
 }
 
@@ -101,7 +101,7 @@ func TestClaimsRemovedDuringCompletion(t *testing.T) {
 		t.Fatalf("remove = %v, %v", found, err)
 	}
 	next := claim(time.Minute)
-	if holder, _, _, _ := cs.take(k, next, t0, cs.generation(k)); holder != nil {
+	if r, _ := cs.take(k, next, t0, cs.generation(k)); r.holder != nil {
 		t.Fatal("the purged key is still held")
 	}
 	cs.settle(k, e, true)
@@ -110,21 +110,39 @@ func TestClaimsRemovedDuringCompletion(t *testing.T) {
 	}
 }
 
+// A claim past its lease is a dead owner's, taken over as such, until its
+// TTL has passed as well, sweeps or not; then it is gone: swept, and no
+// takeover if claimed first.
 func TestClaimsTakeoverAndSweep(t *testing.T) {
 	cs := newClaims()
-	k := storetest.NewKey()
 	t0 := time.Now()
-	cs.take(k, claim(time.Second), t0, cs.generation(k))
-	_, took, _, _ := cs.take(k, claim(time.Second), t0.Add(2*time.Second), cs.generation(k))
-	if !took {
-		t.Fatal("replacing a claim past its lease was not a takeover")
+	hour := func() *store.Claim {
+		c := claim(time.Second)
+		c.TTL = time.Hour
+		return c
 	}
+	dead := func(k store.Key) { cs.take(k, hour(), t0, cs.generation(k)) }
+	k, swept := storetest.NewKey(), storetest.NewKey()
+	dead(k)
+	dead(swept)
 	cs.sweep(t0.Add(time.Minute))
+	if len(cs.byKey) != 2 {
+		t.Fatalf("%d claims left after a sweep past their lease, within their TTL; want both", len(cs.byKey))
+	}
+	if r, _ := cs.take(k, hour(), t0.Add(time.Minute), cs.generation(k)); !r.tookOver {
+		t.Fatal("replacing a claim past its lease, within its TTL, was not a takeover")
+	}
+	cs.sweep(t0.Add(2 * time.Hour))
 	if len(cs.byKey) != 0 {
-		t.Fatalf("%d claims left after sweeping past every lease", len(cs.byKey))
+		t.Fatalf("%d claims left after sweeping past every lease and TTL", len(cs.byKey))
+	}
+	gone := storetest.NewKey()
+	dead(gone)
+	if r, _ := cs.take(gone, hour(), t0.Add(2*time.Hour), cs.generation(gone)); r.tookOver {
+		t.Fatal("claiming a key whose dead claim's TTL had passed was a takeover")
 	}
 	cs.close()
-	if _, _, _, err := cs.take(k, claim(time.Second), t0, cs.generation(k)); !errors.Is(err, errClosed) {
+	if _, err := cs.take(k, claim(time.Second), t0, cs.generation(k)); !errors.Is(err, errClosed) {
 		t.Fatalf("take once closed = %v", err)
 	}
 	if err := cs.release(k, storetest.NewToken(), t0); !errors.Is(err, errClosed) {

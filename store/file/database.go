@@ -67,7 +67,7 @@ func openDatabase(path string, logger *zap.Logger) (*database, error) {
 			zap.String("path", logPath), zap.Int("bytes", torn))
 	}
 	if n := len(claims.byKey); n > 0 {
-		logger.Info("claims left by the process that had the file open before hold their keys until their lease passes",
+		logger.Info("claims left by the process that had the file open before hold their keys until their lease passes, then are taken over as a dead owner's until their ttl has passed too",
 			zap.String("path", logPath), zap.Int("claims", n))
 	}
 	ctx, stop := context.WithCancel(context.Background())

@@ -80,7 +80,8 @@ func TestSweepStopsWithContext(t *testing.T) {
 }
 
 // The background sweeper runs on its own, on the file and the claims in
-// memory, and stops with the last user, which closes the file.
+// memory (a dead owner's, past its lease and TTL), and stops with the last
+// user, which closes the file.
 func TestSweeperRunsAndStops(t *testing.T) {
 	defer func(d time.Duration) { sweepInterval = d }(sweepInterval)
 	sweepInterval = 20 * time.Millisecond
@@ -93,7 +94,9 @@ func TestSweeperRunsAndStops(t *testing.T) {
 	if err := s.Complete(ctx, k, c, &store.Response{Status: 200}, time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Acquire(ctx, storetest.NewKey(), claim(time.Millisecond)); err != nil {
+	dead := claim(time.Millisecond)
+	dead.TTL = time.Millisecond // kept so long past its lease
+	if _, err := s.Acquire(ctx, storetest.NewKey(), dead); err != nil {
 		t.Fatal(err)
 	}
 	left := func() (n int) {

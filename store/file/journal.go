@@ -9,6 +9,7 @@ import (
 	"hash/crc32"
 	"io/fs"
 	"os"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 
@@ -21,8 +22,9 @@ const journalName = "claims.log"
 // every change to the claims in memory is appended to it first, with one
 // write and no fsync. What write returns is in the kernel's page cache,
 // which outlives the process (a SIGKILL, a panic, the OOM killer), so its
-// claims hold their keys after a restart until their lease passes. Only a
-// crash of the OS can lose what was not yet written back; an fsync per
+// claims hold their keys after a restart as they would have in memory: in
+// progress until their lease passes, then a dead owner's (held.keep). Only
+// a crash of the OS can lose what was not yet written back; an fsync per
 // claim would double the cost of a new key.
 //
 // The journal is rewritten from the claims in memory when it opens and
@@ -44,21 +46,36 @@ const compactMin = 4 << 20
 
 // An entry: a CRC-32C of the rest, so that a tail an OS crash tore ends
 // the replay instead of corrupting it; the length of what follows the key;
-// the key; the end of the lease (Unix nanoseconds); and the claim as the
-// codec encodes it, none for a drop. Integers are big endian.
+// the key; the end of the lease (Unix nanoseconds) and how long past it
+// the claim is kept for a dead owner (nanoseconds, held.keep); and the
+// claim as the codec encodes it, none for a drop. Integers are big endian.
 const (
-	entryHead = 4 + 4 + len(store.Key{}) + 8
+	keyOff    = 4 + 4
+	leaseOff  = keyOff + len(store.Key{})
+	keepOff   = leaseOff + 8
+	entryHead = keepOff + 8
 	maxEntry  = 1 << 30 // no claim comes near; a length beyond is garbage
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
-func appendEntry(dst []byte, k store.Key, expires int64, blob store.Encoded) []byte {
+// appendEntry appends the entry that puts e as k's claim, or drops k's
+// claim if e is nil.
+func appendEntry(dst []byte, k store.Key, e *held) []byte {
+	var (
+		expires int64
+		keep    time.Duration
+		blob    store.Encoded
+	)
+	if e != nil {
+		expires, keep, blob = e.expires, e.keep, e.blob
+	}
 	start := len(dst)
 	dst = append(dst, 0, 0, 0, 0)
-	dst = binary.BigEndian.AppendUint32(dst, uint32(8+len(blob)))
+	dst = binary.BigEndian.AppendUint32(dst, uint32(entryHead-leaseOff+len(blob)))
 	dst = append(dst, k[:]...)
 	dst = binary.BigEndian.AppendUint64(dst, uint64(expires))
+	dst = binary.BigEndian.AppendUint64(dst, uint64(keep))
 	dst = append(dst, blob...)
 	binary.BigEndian.PutUint32(dst[start:], crc32.Checksum(dst[start+4:], castagnoli))
 	return dst
@@ -72,17 +89,21 @@ func replay(b []byte) (map[store.Key]*held, int) {
 	for len(b)-off >= entryHead {
 		e := b[off:]
 		n := int(binary.BigEndian.Uint32(e[4:])) // what follows the key
-		end := entryHead - 8 + n
-		if n < 8 || n > maxEntry || end > len(e) || crc32.Checksum(e[4:end], castagnoli) != binary.BigEndian.Uint32(e) {
+		end := leaseOff + n
+		if n < entryHead-leaseOff || n > maxEntry || end > len(e) || crc32.Checksum(e[4:end], castagnoli) != binary.BigEndian.Uint32(e) {
 			break
 		}
-		k := store.Key(e[8 : entryHead-8])
+		k := store.Key(e[keyOff:leaseOff])
 		blob := store.Encoded(e[entryHead:end])
 		switch {
 		case len(blob) == 0:
 			delete(claims, k)
 		case blob.State() == store.InProgress:
-			claims[k] = &held{blob: bytes.Clone(blob), expires: int64(binary.BigEndian.Uint64(e[entryHead-8:]))}
+			claims[k] = &held{
+				blob:    bytes.Clone(blob),
+				expires: int64(binary.BigEndian.Uint64(e[leaseOff:])),
+				keep:    time.Duration(binary.BigEndian.Uint64(e[keepOff:])),
+			}
 		default:
 			return claims, off
 		}
@@ -126,12 +147,12 @@ func loadClaims(db *bolt.DB, path string) (*claims, int, error) {
 	return &claims{byKey: byKey, log: j}, len(data) - n, nil
 }
 
-// put appends k's claim, blob, whose lease ends at expires.
-func (j *journal) put(k store.Key, blob store.Encoded, expires int64) error {
+// put appends e as k's claim.
+func (j *journal) put(k store.Key, e *held) error {
 	if j == nil {
 		return nil
 	}
-	j.buf = appendEntry(j.buf[:0], k, expires, blob)
+	j.buf = appendEntry(j.buf[:0], k, e)
 	return j.write()
 }
 
@@ -142,7 +163,7 @@ func (j *journal) drop(keys ...store.Key) error {
 	}
 	j.buf = j.buf[:0]
 	for _, k := range keys {
-		j.buf = appendEntry(j.buf, k, 0, nil)
+		j.buf = appendEntry(j.buf, k, nil)
 	}
 	return j.write()
 }
@@ -189,7 +210,7 @@ func (j *journal) compact(byKey map[store.Key]*held) error {
 	var size int64
 	var entry []byte
 	for k, e := range byKey {
-		entry = appendEntry(entry[:0], k, e.expires, e.blob)
+		entry = appendEntry(entry[:0], k, e)
 		w.Write(entry)
 		size += int64(len(entry))
 	}

@@ -161,9 +161,9 @@ func TestJournalTornTail(t *testing.T) {
 	kept, torn := storetest.NewKey(), storetest.NewKey()
 	keptClaim := claim(time.Hour)
 	expires := time.Now().Add(time.Hour).UnixNano()
-	b := appendEntry(nil, kept, expires, store.AppendClaim(nil, keptClaim))
+	b := appendEntry(nil, kept, &held{blob: store.AppendClaim(nil, keptClaim), expires: expires, keep: time.Hour})
 	whole := len(b)
-	b = appendEntry(b, torn, expires, store.AppendClaim(nil, claim(time.Hour)))
+	b = appendEntry(b, torn, &held{blob: store.AppendClaim(nil, claim(time.Hour)), expires: expires, keep: time.Hour})
 	b = b[:len(b)-3]
 	if err := os.WriteFile(path, b, 0o600); err != nil {
 		t.Fatal(err)

@@ -30,6 +30,8 @@ func (d *database) onDisk(key store.Key) (rec *store.Record, err error) {
 
 // Acquire claims key for c, in memory, unless a live record exists in the
 // file or in memory. The file is read again if a completion raced (claims).
+// With c.KeepUnknown, a dead owner's claim becomes its request's unknown
+// outcome instead (dead.go), at the cost of a completion's synced write.
 func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (store.Acquired, error) {
 	for {
 		if err := ctx.Err(); err != nil {
@@ -43,21 +45,27 @@ func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (sto
 		if rec != nil {
 			return store.Acquired{Record: rec}, nil
 		}
-		holder, tookOver, stale, err := s.db.claims.take(key, c, now(), gen)
+		r, err := s.db.claims.take(key, c, now(), gen)
 		if err != nil {
 			return store.Acquired{}, store.Unavailable("acquiring", err)
 		}
-		if stale {
+		switch {
+		case r.stale:
 			continue
-		}
-		if holder != nil {
-			rec, err := store.DecodeRecord(holder)
+		case r.holder != nil:
+			rec, err := store.DecodeRecord(r.holder)
 			if err != nil {
 				return store.Acquired{}, err
 			}
 			return store.Acquired{Record: rec}, nil
+		case r.heir != nil:
+			got, err := s.db.keepUnknown(key, c, r.heir)
+			if errors.Is(err, store.ErrNotOwner) {
+				continue // purged meanwhile: the key is free
+			}
+			return got, unlessNotOwner("acquiring", err)
 		}
-		return store.Acquired{TookOver: tookOver}, nil
+		return store.Acquired{TookOver: r.tookOver}, nil
 	}
 }
 
