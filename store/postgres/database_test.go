@@ -20,8 +20,8 @@ func fill(t *testing.T, s *Store, expired, live int) {
 	if err := s.db.ensure(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	insert := `INSERT INTO ` + s.db.qualified + ` (key, state, token, endpoint, fingerprint, expires_at)
-		SELECT sha256(($1 || i)::bytea), 'completed', '\x00'::bytea, 'GET /', '\x00'::bytea, now() + $2::interval
+	insert := `INSERT INTO ` + s.db.qualified + ` (key, state, token, endpoint, fingerprint, expires_at, reap_at)
+		SELECT sha256(($1 || i)::bytea), 'completed', '\x00'::bytea, 'GET /', '\x00'::bytea, now() + $2::interval, now() + $2::interval
 		FROM generate_series(1, $3) AS i`
 	sqlExec(t, shared.DSN(), insert, "expired", "-1 second", expired)
 	sqlExec(t, shared.DSN(), insert, "live", "1 hour", live)
@@ -94,11 +94,12 @@ func TestReaperSparesTakenOverRows(t *testing.T) {
 	s := storetest.Provision(t, &Store{DSN: shared.DSN(), Table: newTable()})
 	ctx := context.Background()
 	for range 20 {
-		k := storetest.NewKey()
-		if _, err := s.Acquire(ctx, k, claim(time.Millisecond)); err != nil {
+		k, dead := storetest.NewKey(), claim(time.Millisecond)
+		dead.TTL = time.Millisecond // reaped a millisecond after its lease
+		if _, err := s.Acquire(ctx, k, dead); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(2 * time.Millisecond)
+		time.Sleep(3 * time.Millisecond)
 		fresh := claim(time.Minute)
 		reaped := make(chan error)
 		go func() {

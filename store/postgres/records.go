@@ -41,11 +41,13 @@ func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (sto
 	if err := s.db.ensure(ctx); err != nil {
 		return store.Acquired{}, err
 	}
-	args := []any{key[:], c.Token[:], bytesOf(c.Endpoint), c.Fingerprint[:], micros(c.Lease), c.CreatedAt.UnixMicro()}
+	// acquire takes the first seven, takeover all.
+	args := []any{key[:], c.Token[:], bytesOf(c.Endpoint), c.Fingerprint[:], micros(c.Lease), c.CreatedAt.UnixMicro(),
+		micros(keptFor(c)), c.KeepUnknown}
 	for range acquireAttempts {
 		r := new(row)
 		start := time.Now()
-		err := s.db.pool.QueryRow(ctx, s.db.q.acquire, args...).Scan(r.dests(&r.won, &r.ttl)...)
+		err := s.db.pool.QueryRow(ctx, s.db.q.acquire, args[:7]...).Scan(r.dests(&r.won, &r.ttl)...)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			continue
@@ -54,29 +56,65 @@ func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (sto
 		case r.won:
 			return store.Acquired{}, nil
 		case r.ttl > 0:
-			rec, err := r.record(start.Add(time.Duration(r.ttl)))
-			if err != nil {
-				return store.Acquired{}, s.unavailable("acquiring", err)
-			}
-			if rec.State == store.Completed && s.tier != nil {
-				s.tier.Put(key, store.AppendRecord(nil, rec), version)
-			}
-			return store.Acquired{Record: rec}, nil
+			return s.found(key, r, start, version, false)
 		}
-		// Replace the expired row, unless it is no longer expired or gone.
-		won, err := s.affected(ctx, "taking over", s.db.q.takeover, args...)
-		if err != nil {
-			return store.Acquired{}, err
-		}
-		if won {
-			// A claim was taken over if the snapshot's row was in
-			// progress. A row that replaced it since would have made the
-			// update fail unless expired in turn: the claim is atomic.
-			return store.Acquired{TookOver: r.rec.State == store.InProgress}, nil
+		got, done, err := s.takeOver(ctx, key, args, version)
+		if done || err != nil {
+			return got, err
 		}
 	}
 	return store.Acquired{}, s.unavailable("acquiring", errors.New("the key changed under every attempt"))
 }
+
+// takeOver replaces key's expired row, unless it is no longer expired or
+// gone (done false: Acquire looks again). What became of it is what the
+// statement replaced: a dead claim, which the claim took over or, with
+// KeepUnknown, made its unknown outcome, or an expired record.
+func (s *Store) takeOver(ctx context.Context, key store.Key, args []any, version uint64) (got store.Acquired, done bool, err error) {
+	r := new(row)
+	var tookOver bool
+	start := time.Now()
+	// The first column is the notification of waiters, if any: nothing
+	// to read.
+	err = s.db.pool.QueryRow(ctx, s.db.q.takeover, args...).Scan(r.dests(nil, &tookOver, &r.ttl)...)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return store.Acquired{}, false, nil
+	case err != nil:
+		return store.Acquired{}, false, s.unavailable("taking over", err)
+	case r.rec.State == store.InProgress: // the claim holds the key
+		return store.Acquired{TookOver: tookOver}, true, nil
+	}
+	got, err = s.found(key, r, start, version, true)
+	return got, true, err
+}
+
+// found returns the live record scanned into r by a statement sent at
+// start, keeping it in the tier if completed.
+func (s *Store) found(key store.Key, r *row, start time.Time, version uint64, tookOver bool) (store.Acquired, error) {
+	rec, err := r.record(start.Add(time.Duration(r.ttl)))
+	if err != nil {
+		return store.Acquired{}, s.unavailable("acquiring", err)
+	}
+	if rec.State == store.Completed && s.tier != nil {
+		s.tier.Put(key, store.AppendRecord(nil, rec), version)
+	}
+	return store.Acquired{Record: rec, TookOver: tookOver}, nil
+}
+
+// keptFor is how long c's row is kept past its lease, so that a retry
+// after a dead owner's lease is told it takes the claim over: the TTL its
+// record would have.
+func keptFor(c *store.Claim) time.Duration {
+	if c.TTL <= 0 {
+		return defaultKeep
+	}
+	return c.TTL
+}
+
+// defaultKeep stands for a TTL the caller left out: the handler's default
+// ttl.
+const defaultKeep = 24 * time.Hour
 
 // Complete replaces the claim c with resp, kept for ttl.
 func (s *Store) Complete(ctx context.Context, key store.Key, c *store.Claim, resp *store.Response, ttl time.Duration) error {

@@ -17,11 +17,11 @@ import (
 type row struct {
 	rec    store.Record
 	status int32
-	// Acquire's leading columns, and Lookup's.
+	// The leading columns of Acquire's statements, and Lookup's.
 	won     bool
 	ttl     ttlColumn
 	expires time.Time
-	dest    [13]any
+	dest    [14]any
 }
 
 // dests returns the scan destinations of a row of the columns of lead,

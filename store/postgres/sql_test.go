@@ -15,7 +15,7 @@ func TestDDL(t *testing.T) {
 	ddl := DDL("app", `odd"name`)
 	for _, want := range []string{
 		`CREATE TABLE IF NOT EXISTS "app"."odd""name"`,
-		`CREATE INDEX IF NOT EXISTS "odd""name_expires_at_`,
+		`CREATE INDEX IF NOT EXISTS "odd""name_reap_at_`,
 		"key             bytea       PRIMARY KEY",
 		"outcome_unknown boolean     NOT NULL DEFAULT false",
 		"sealed          boolean     NOT NULL DEFAULT false",
@@ -50,8 +50,8 @@ func TestKeyStatementsUseThePrimaryKey(t *testing.T) {
 			s := storetest.Provision(t, &Store{DSN: shared.DSN(), Table: newTable()})
 			fill(t, s, stats.expired, stats.live)
 			sqlExec(t, shared.DSN(), `ANALYZE `+s.db.qualified+`;
-				INSERT INTO `+s.db.qualified+` (key, state, token, endpoint, fingerprint, expires_at)
-				SELECT sha256(('claim' || i)::bytea), 'in_progress', '\x00'::bytea, 'GET /', '\x00'::bytea, now() + interval '1 minute'
+				INSERT INTO `+s.db.qualified+` (key, state, token, endpoint, fingerprint, expires_at, reap_at)
+				SELECT sha256(('claim' || i)::bytea), 'in_progress', '\x00'::bytea, 'GET /', '\x00'::bytea, now() + interval '1 minute', now() + interval '1 day'
 				FROM generate_series(1, 100) AS i`)
 			checkPlans(t, s)
 		})
@@ -63,8 +63,8 @@ func checkPlans(t *testing.T, s *Store) {
 	tx := begin(t)
 	q := s.db.q
 	for name, st := range map[string]struct{ sql, args string }{
-		"acquire":  {q.acquire, `'\x01', '\x02', 'POST /', '\x03', 1000, 1796000000000000`},
-		"takeover": {q.takeover, `'\x01', '\x02', 'POST /', '\x03', 1000, 1796000000000000`},
+		"acquire":  {q.acquire, `'\x01', '\x02', 'POST /', '\x03', 1000, 1796000000000000, 60000000`},
+		"takeover": {q.takeover, `'\x01', '\x02', 'POST /', '\x03', 1000, 1796000000000000, 60000000, true`},
 		"complete": {q.complete, `'\x01', '\x02', 200, NULL, NULL, false, false, false, 1000`},
 		"release":  {q.release, `'\x01', '\x02'`},
 		"renew":    {q.renew, `'\x01', '\x02', 1000`},
@@ -95,7 +95,7 @@ func checkPlans(t *testing.T, s *Store) {
 				t.Fatalf("explaining %s: %v", name, err)
 			}
 			if p := plan.String(); !strings.Contains(p, "_pkey") ||
-				strings.Contains(p, indexName(s.table, inFlightIndex)) || strings.Contains(p, indexName(s.table, expiryIndex)) {
+				strings.Contains(p, indexName(s.table, inFlightIndex)) || strings.Contains(p, indexName(s.table, reapIndex)) {
 				t.Errorf("%s (%s) does not look the key up in the primary key alone:\n%s", name, mode, p)
 			}
 		}
@@ -137,7 +137,7 @@ func TestIndexesOfLongTableNames(t *testing.T) {
 			if len(defs) != 2 {
 				t.Fatalf("a table of %d bytes has %d indexes besides its primary key, want 2:\n%s", n, len(defs), strings.Join(defs, "\n"))
 			}
-			for _, purpose := range []string{expiryIndex, inFlightIndex} {
+			for _, purpose := range []string{reapIndex, inFlightIndex} {
 				if name := indexName(table, purpose); len(name) > maxIdentifier || !strings.Contains(strings.Join(defs, "\n"), name) {
 					t.Errorf("no index named %q (%d bytes) among\n%s", name, len(name), strings.Join(defs, "\n"))
 				}
@@ -152,7 +152,7 @@ func TestIndexNames(t *testing.T) {
 	long := strings.Repeat("é", 31) // 62 bytes
 	seen := map[string]string{}
 	for _, table := range []string{"idempotency_keys", long, long[:60] + "a", long[:60] + "b", strings.Repeat("x", 63)} {
-		for _, purpose := range []string{expiryIndex, inFlightIndex} {
+		for _, purpose := range []string{reapIndex, inFlightIndex} {
 			name := indexName(table, purpose)
 			if len(name) > maxIdentifier || !utf8.ValidString(name) || !strings.Contains(name, "_"+purpose+"_") {
 				t.Errorf("indexName(%q, %q) = %q, %d bytes", table, purpose, name, len(name))
