@@ -133,38 +133,97 @@ func TestFileStoreRestart(t *testing.T) {
 		wantCount(t, "upstream runs", u.starts(key), 1)
 	})
 
-	// bbolt locks the file: a second Caddy on the same path fails to start
-	// with a clear error, and the first one goes on serving.
-	t.Run("second_process_refused", func(t *testing.T) {
+	// bbolt locks the file: a second Caddy on the same path starts (it
+	// cannot tell itself from caddy validate beside the first), says in its
+	// log that another process holds the lock, and answers 503 store
+	// unavailable without touching the file, while the first goes on
+	// serving. Once the first has stopped, the second opens the file and
+	// replays what the first stored.
+	t.Run("second_process_waits", func(t *testing.T) {
 		t.Parallel()
 		dir := t.TempDir()
 		u := startUpstream(t)
 		site := proxySite(u, fileStore(dir))
 		a := startCaddy(t, "A", site)
+		cl := newClient(t)
+		mk := func(c *caddyProc, key string) *http.Request {
+			return req(http.MethodPost, c.URL+"/orders", key, []byte(`{"sku":"tea"}`), "Host", "api.test")
+		}
+		first := send(t, cl, mk(a, "first-1"))
+		wantStatus(t, "first request to A", first, http.StatusCreated)
 
-		cfgDir := t.TempDir()
-		cfg := filepath.Join(cfgDir, "Caddyfile")
-		if err := os.WriteFile(cfg, []byte(makeCaddyfile(freePort(t), freePort(t), site)), 0o644); err != nil {
-			t.Fatal(err)
+		b := startCaddy(t, "B", site)
+		if !strings.Contains(b.Log(), "another process holds the lock of the idempotency database") {
+			t.Fatalf("the second Caddy on %s did not say that another process holds the lock", dir)
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		cmd := exec.CommandContext(ctx, caddyBin, "run", "--config", cfg, "--adapter", "caddyfile")
-		cmd.Dir = cfgDir
-		cmd.Env = append(os.Environ(), "HOME="+cfgDir, "XDG_DATA_HOME="+filepath.Join(cfgDir, "data"), "XDG_CONFIG_HOME="+filepath.Join(cfgDir, "config"))
-		out, err := cmd.CombinedOutput()
-		if ctx.Err() != nil {
-			t.Fatalf("the second Caddy on %s was still running after 30s; output:\n%s", dir, out)
-		}
-		if err == nil {
-			t.Fatalf("the second Caddy on %s exited without error; output:\n%s", dir, out)
-		}
-		if !strings.Contains(string(out), "another process holds its lock") {
-			t.Fatalf("the second Caddy failed without naming the lock: %v; output:\n%s", err, out)
-		}
-		res := send(t, newClient(t), req(http.MethodPost, a.URL+"/orders", "still-1", []byte(`{}`)))
-		wantStatus(t, "the first Caddy after the second one failed", res, http.StatusCreated)
+		wantProblem(t, "a new key to the second Caddy", send(t, cl, mk(b, "second-1")), http.StatusServiceUnavailable, "store-unavailable", true)
+		wantStatus(t, "the first Caddy beside the second", send(t, cl, mk(a, "still-1")), http.StatusCreated)
+		wantCount(t, "upstream runs of the key sent to the second Caddy", u.starts("second-1"), 0)
+
+		stopGracefully(t, a)
+		wantReplay(t, "the first Caddy's key, to the second once the first stopped", first, send(t, cl, mk(b, "first-1")))
+		wantStatus(t, "a new key to the second Caddy once the first stopped", send(t, cl, mk(b, "second-1")), http.StatusCreated)
+		wantCount(t, "upstream runs of the first key", u.starts("first-1"), 1)
 	})
+}
+
+// The deploy step "caddy validate, then caddy reload" while Caddy runs on
+// the file: validate provisions the new config in a process of its own,
+// which cannot have the lock the running Caddy holds and must not need it;
+// it still refuses a path no process could use. The reload that follows
+// shares the open file, as before.
+func TestFileStoreValidateWhileRunning(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	u := startUpstream(t)
+	a := startCaddy(t, "A", proxySite(u, fileStore(dir)))
+	cl := newClient(t)
+	mk := func(key string) *http.Request {
+		return req(http.MethodPost, a.URL+"/orders", key, []byte(`{"sku":"tea"}`), "Host", "api.test")
+	}
+	first := send(t, cl, mk("before-reload"))
+	wantStatus(t, "first request", first, http.StatusCreated)
+
+	next := proxySite(u, fileStore(dir)+"\nttl 1h") // a change, so that the reload provisions anew
+	if out, err := caddyValidate(t, next); err != nil || !strings.Contains(out, "Valid configuration") {
+		t.Fatalf("caddy validate of a config on the file the running Caddy holds: %v; output:\n%s", err, out)
+	}
+	plain := filepath.Join(t.TempDir(), "plain")
+	if err := os.WriteFile(plain, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := caddyValidate(t, proxySite(u, fileStore(filepath.Join(plain, "sub")))); err == nil || !strings.Contains(out, "creating directory") {
+		t.Fatalf("caddy validate of a path under a plain file: %v, want it refused; output:\n%s", err, out)
+	}
+	a.wantAlive("after caddy validate")
+
+	if err := a.Reload(next); err != nil {
+		t.Fatalf("the reload after caddy validate: %v", err)
+	}
+	wantReplay(t, "retry after the reload", first, send(t, cl, mk("before-reload")))
+	wantStatus(t, "new key after the reload", send(t, cl, mk("after-reload")), http.StatusCreated)
+	wantCount(t, "upstream runs", u.starts("before-reload"), 1)
+}
+
+// caddyValidate runs caddy validate on a Caddyfile with site, as its own
+// process, and returns its output.
+func caddyValidate(t *testing.T, site string) (string, error) {
+	t.Helper()
+	cfgDir := t.TempDir()
+	cfg := filepath.Join(cfgDir, "Caddyfile")
+	if err := os.WriteFile(cfg, []byte(makeCaddyfile(freePort(t), freePort(t), site)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, caddyBin, "validate", "--config", cfg, "--adapter", "caddyfile")
+	cmd.Dir = cfgDir
+	cmd.Env = append(os.Environ(), "HOME="+cfgDir, "XDG_DATA_HOME="+filepath.Join(cfgDir, "data"), "XDG_CONFIG_HOME="+filepath.Join(cfgDir, "config"))
+	out, err := cmd.CombinedOutput()
+	if ctx.Err() != nil {
+		t.Fatalf("caddy validate still ran after a minute; output:\n%s", out)
+	}
+	return string(out), err
 }
 
 // stopGracefully ends c with SIGTERM, as a deploy does, and fails the test

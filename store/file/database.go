@@ -13,9 +13,11 @@ import (
 )
 
 const (
-	// lockTimeout bounds the wait for bbolt's lock on the file, which only
-	// another process holds, and will not let go soon.
-	lockTimeout = time.Second
+	// lockTimeout makes bbolt try the lock on the file once, and not wait:
+	// only another process holds it (lockedFile), and will not let go soon.
+	// bbolt tries, then gives up unless less than its retry interval
+	// (50ms) has passed.
+	lockTimeout = time.Nanosecond
 
 	// sweepBatch and sweepScan bound the deletions and reads of one write
 	// transaction, so that the sweeper never holds the writer lock long.

@@ -15,22 +15,46 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/store/storetest"
 )
 
-func TestLockedByAnotherProcess(t *testing.T) {
+// caddy validate provisions the config in a process of its own, while the
+// running Caddy holds the file's lock (issue 35, defect 15): Provision must
+// not need the lock. The store it provisions touches nothing and answers
+// as unavailable, saying why, until the other process lets go; then it
+// opens the file, with the claims that process left.
+func TestProvisionWhileAnotherProcessHoldsTheLock(t *testing.T) {
 	dir := t.TempDir()
+	ctx := context.Background()
+	first := storetest.Provision(t, &Store{Path: dir})
+	k, c := storetest.NewKey(), claim(time.Hour)
+	if _, err := first.Acquire(ctx, k, c); err != nil {
+		t.Fatal(err)
+	}
+	first.Cleanup() // its claim stays in the journal
 	// bbolt's flock is per open file, so a handle of our own stands in for
 	// another process.
-	other, err := bolt.Open(filepath.Join(dir, "idempotency.db"), 0o600, nil)
+	other, err := bolt.Open(filepath.Join(dir, fileName), 0o600, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer other.Close()
+
 	s := &Store{Path: dir}
-	err = tryProvision(s)
-	if err == nil || !strings.Contains(err.Error(), "another process holds its lock") {
-		t.Fatalf("Provision of a locked file = %v, want a lock error", err)
+	if err := tryProvision(s); err != nil {
+		t.Fatalf("Provision while another process holds the file's lock = %v, want it provisioned (caddy validate beside a running Caddy)", err)
 	}
-	if s.Cleanup() != nil {
-		t.Fatal("Cleanup after a failed Provision")
+	t.Cleanup(func() { s.Cleanup() })
+	if err := s.Validate(); err != nil {
+		t.Fatalf("Validate: %v", err)
+	}
+	_, err = s.Acquire(ctx, k, claim(time.Minute))
+	if !errors.Is(err, store.ErrUnavailable) || !strings.Contains(err.Error(), "another process holds its lock") {
+		t.Fatalf("Acquire while another process holds the lock = %v, want ErrUnavailable naming the lock", err)
+	}
+	if err := other.Close(); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Acquire(ctx, k, claim(time.Minute))
+	if err != nil || got.Record == nil || got.Record.Token != c.Token {
+		t.Fatalf("Acquire once the other process let go = %+v, %v; want the claim the journal kept", got, err)
 	}
 }
 
@@ -53,7 +77,7 @@ func TestSweepDeletesExpiredInBatches(t *testing.T) {
 	time.Sleep(5 * time.Millisecond)
 
 	batches := 0
-	n, err := s.db.sweep(ctx, 10, func() { batches++ })
+	n, err := s.db().sweep(ctx, 10, func() { batches++ })
 	if err != nil || n != 35 {
 		t.Fatalf("sweep = %d, %v; want 35", n, err)
 	}
@@ -61,7 +85,7 @@ func TestSweepDeletesExpiredInBatches(t *testing.T) {
 		t.Errorf("35 records deleted in %d transactions of at most 10", batches)
 	}
 	var left int
-	s.db.View(func(tx *bolt.Tx) error {
+	s.db().View(func(tx *bolt.Tx) error {
 		left = tx.Bucket(records).Stats().KeyN
 		return nil
 	})
@@ -74,7 +98,7 @@ func TestSweepStopsWithContext(t *testing.T) {
 	s := storetest.Provision(t, &Store{Path: t.TempDir()})
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if _, err := s.db.sweep(ctx, 10, nil); !errors.Is(err, context.Canceled) {
+	if _, err := s.db().sweep(ctx, 10, nil); !errors.Is(err, context.Canceled) {
 		t.Fatalf("sweep with a done context = %v", err)
 	}
 }
@@ -100,13 +124,13 @@ func TestSweeperRunsAndStops(t *testing.T) {
 		t.Fatal(err)
 	}
 	left := func() (n int) {
-		s.db.View(func(tx *bolt.Tx) error {
+		s.db().View(func(tx *bolt.Tx) error {
 			n = tx.Bucket(records).Stats().KeyN
 			return nil
 		})
-		s.db.claims.mu.Lock()
-		defer s.db.claims.mu.Unlock()
-		return n + len(s.db.claims.byKey)
+		s.db().claims.mu.Lock()
+		defer s.db().claims.mu.Unlock()
+		return n + len(s.db().claims.byKey)
 	}
 	for deadline := time.Now().Add(10 * time.Second); left() != 0; {
 		if time.Now().After(deadline) {
@@ -114,7 +138,7 @@ func TestSweeperRunsAndStops(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	db := s.db
+	db := s.db()
 	s.Cleanup()
 	select {
 	case <-db.done:

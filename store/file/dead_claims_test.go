@@ -56,7 +56,7 @@ func TestDeadClaimsKeptPastTheSweep(t *testing.T) {
 	if _, got := acquire(before, false); got.Record != nil || !got.TookOver {
 		t.Fatalf("before any sweep: Acquire = %+v; want a claim that took the dead one over", got)
 	}
-	if err := s.db.claims.sweep(now()); err != nil {
+	if err := s.db().claims.sweep(now()); err != nil {
 		t.Fatal(err)
 	}
 	if _, got := acquire(after, false); got.Record != nil || !got.TookOver {
@@ -75,7 +75,7 @@ func TestDeadClaimsKeptPastTheSweep(t *testing.T) {
 	// Past lease and TTL: the last dead claim is forgotten, by the sweep
 	// and in the journal.
 	now = func() time.Time { return time.Now().Add(2 * time.Hour) }
-	if err := s.db.claims.sweep(now()); err != nil {
+	if err := s.db().claims.sweep(now()); err != nil {
 		t.Fatal(err)
 	}
 	if got := journalClaims(t, s); got[gone] != nil {
@@ -137,7 +137,7 @@ func keepClaim() *store.Claim {
 func holdWriter(t *testing.T, s *Store) (release func()) {
 	t.Helper()
 	entered, done := make(chan struct{}), make(chan struct{})
-	go s.db.writes.update(func(*bolt.Tx) error {
+	go s.db().writes.update(func(*bolt.Tx) error {
 		close(entered)
 		<-done
 		return nil
@@ -249,7 +249,7 @@ func TestKeepUnknownWriteFails(t *testing.T) {
 		failed <- err
 	}()
 	queued := func(n int) bool {
-		g := &s.db.writes
+		g := &s.db().writes
 		g.mu.Lock()
 		defer g.mu.Unlock()
 		return len(g.queue) == n
@@ -257,7 +257,7 @@ func TestKeepUnknownWriteFails(t *testing.T) {
 	if !eventually(10*time.Second, func() bool { return queued(1) }) {
 		t.Fatal("the unknown outcome's write was not queued within 10s")
 	}
-	go s.db.writes.update(func(*bolt.Tx) error { panic("no space left on device") })
+	go s.db().writes.update(func(*bolt.Tx) error { panic("no space left on device") })
 	if !eventually(10*time.Second, func() bool { return queued(2) }) {
 		t.Fatal("the failing write was not queued within 10s")
 	}

@@ -44,7 +44,7 @@ type Store struct {
 
 	poolKey string
 	name    string // in the store registry
-	db      *database
+	file    *lockedFile
 }
 
 // CaddyModule returns the Caddy module information.
@@ -56,12 +56,14 @@ func (Store) CaddyModule() caddy.ModuleInfo {
 }
 
 // databases keeps each open file across config reloads: Caddy provisions
-// the new config before it cleans up the old, and bbolt's lock would make
-// the new one wait for the file.
+// the new config before it cleans up the old, and bbolt's lock would keep
+// the file from the new one.
 var databases = caddy.NewUsagePool()
 
 // Provision resolves the path and opens the database, or attaches to the
-// one an earlier config opened.
+// one an earlier config opened. While another process holds the file's
+// lock (caddy validate beside a running Caddy), it checks the path and
+// leaves the file unopened (lockedFile).
 func (s *Store) Provision(ctx caddy.Context) error {
 	dir := caddy.NewReplacer().ReplaceKnown(s.Path, "")
 	if dir == "" {
@@ -80,13 +82,13 @@ func (s *Store) Provision(ctx caddy.Context) error {
 	}
 	s.poolKey = "file:" + filepath.Join(dir, fileName)
 	val, _, err := databases.LoadOrNew(s.poolKey, func() (caddy.Destructor, error) {
-		return openDatabase(filepath.Join(dir, fileName), ctx.Logger())
+		return openLockedFile(filepath.Join(dir, fileName), ctx.Logger())
 	})
 	if err != nil {
 		s.poolKey = ""
 		return err
 	}
-	s.db = val.(*database)
+	s.file = val.(*lockedFile)
 	records := defaultName(dir)
 	s.name = cmp.Or(s.Name, records)
 	// On error, Caddy's call of Cleanup gives the database back.
@@ -95,7 +97,7 @@ func (s *Store) Provision(ctx caddy.Context) error {
 
 // Validate checks that the store was provisioned.
 func (s *Store) Validate() error {
-	if s.db == nil {
+	if s.file == nil {
 		return errors.New("file store is not provisioned")
 	}
 	return nil
@@ -112,6 +114,16 @@ func (s *Store) Cleanup() error {
 		return fmt.Errorf("closing idempotency database: %w", err)
 	}
 	return nil
+}
+
+// open returns the open database, or why there is none: another process
+// holds the file's lock, or the file is closed.
+func (s *Store) open(op string) (*database, error) {
+	db, err := s.file.open()
+	if err != nil {
+		return nil, store.Unavailable(op, err)
+	}
+	return db, nil
 }
 
 // Interface guards

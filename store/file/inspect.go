@@ -18,7 +18,11 @@ func (s *Store) Lookup(ctx context.Context, key store.Key) (*store.Record, time.
 	if err := ctx.Err(); err != nil {
 		return nil, time.Time{}, store.Unavailable("looking up", err)
 	}
-	blob, exp, ok, err := s.db.claims.lookup(key, now())
+	db, err := s.open("looking up")
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	blob, exp, ok, err := db.claims.lookup(key, now())
 	if err != nil {
 		return nil, time.Time{}, store.Unavailable("looking up", err)
 	}
@@ -29,7 +33,7 @@ func (s *Store) Lookup(ctx context.Context, key store.Key) (*store.Record, time.
 		}
 		return rec, time.Unix(0, exp), nil
 	}
-	rec, err := s.db.onDisk(key)
+	rec, err := db.onDisk(key)
 	if err != nil {
 		return nil, time.Time{}, store.Unavailable("looking up", err)
 	}
@@ -46,11 +50,15 @@ func (s *Store) Delete(ctx context.Context, key store.Key) (bool, error) {
 	if err := ctx.Err(); err != nil {
 		return false, store.Unavailable("deleting", err)
 	}
-	found, err := s.db.claims.remove(key, now())
+	db, err := s.open("deleting")
+	if err != nil {
+		return false, err
+	}
+	found, err := db.claims.remove(key, now())
 	if err != nil {
 		return false, store.Unavailable("deleting", err)
 	}
-	err = s.db.Update(func(tx *bolt.Tx) error {
+	err = db.Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(records)
 		v := b.Get(key[:])
 		if v == nil {
@@ -73,8 +81,12 @@ func (s *Store) InFlight(ctx context.Context, olderThan time.Duration, limit int
 	if limit <= 0 {
 		return nil, nil
 	}
+	db, err := s.open("listing claims")
+	if err != nil {
+		return nil, err
+	}
 	t := now()
-	inMemory, err := s.db.claims.list(t, t.Add(-olderThan))
+	inMemory, err := db.claims.list(t, t.Add(-olderThan))
 	if err != nil {
 		return nil, store.Unavailable("listing claims", err)
 	}

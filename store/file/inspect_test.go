@@ -74,7 +74,7 @@ func TestInFlightListsOnlyClaims(t *testing.T) {
 	if err := s.Complete(ctx, done, dc, &store.Response{Status: 201}, time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.db().Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(records)
 		bad := bytes.Repeat([]byte{0xff}, 100)
 		bad[0] = 0x7f

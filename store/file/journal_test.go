@@ -17,7 +17,7 @@ import (
 // journalClaims replays the journal of s as the next process would.
 func journalClaims(t *testing.T, s *Store) map[store.Key]*held {
 	t.Helper()
-	b, err := os.ReadFile(s.db.claims.log.path)
+	b, err := os.ReadFile(s.db().claims.log.path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -32,7 +32,7 @@ func journalClaims(t *testing.T, s *Store) map[store.Key]*held {
 func sameClaims(t *testing.T, s *Store) {
 	t.Helper()
 	got := journalClaims(t, s)
-	cs := s.db.claims
+	cs := s.db().claims
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	if len(got) != len(cs.byKey) {
@@ -80,13 +80,13 @@ func TestJournalReplaysToTheClaims(t *testing.T) {
 				t.Fatal(err)
 			}
 		case op == 5:
-			if err := s.db.claims.sweep(now()); err != nil {
+			if err := s.db().claims.sweep(now()); err != nil {
 				t.Fatal(err)
 			}
 		case op == 6 && i%10 == 0:
-			s.db.claims.mu.Lock()
-			err := s.db.claims.log.compact(s.db.claims.byKey)
-			s.db.claims.mu.Unlock()
+			s.db().claims.mu.Lock()
+			err := s.db().claims.log.compact(s.db().claims.byKey)
+			s.db().claims.mu.Unlock()
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -120,7 +120,7 @@ func TestJournalCompacts(t *testing.T) {
 	}
 	grown := fi.Size()
 	// Due at the next append; the sweeper's loop compacts it.
-	cs := s.db.claims
+	cs := s.db().claims
 	cs.mu.Lock()
 	cs.log.limit = 0
 	cs.mu.Unlock()
@@ -272,7 +272,7 @@ func TestPurgeAfterARefusedEndOfClaim(t *testing.T) {
 // returned function undoes it.
 func refuseJournalWrites(t *testing.T, s *Store) (restore func()) {
 	t.Helper()
-	cs := s.db.claims
+	cs := s.db().claims
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	good := cs.log.f

@@ -109,7 +109,7 @@ func runClaimsChild(t *testing.T, dir string) {
 	// The completion is committed as Complete commits it, and the process
 	// dies before it drops the claim.
 	committed, committedClaim := acquire(time.Minute)
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.db().Update(func(tx *bolt.Tx) error {
 		return tx.Bucket(records).Put(committed[:], store.AppendCompleted(nil, committedClaim, &store.Response{Status: 201}, now().Add(time.Hour)))
 	})
 	if err != nil {

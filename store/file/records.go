@@ -33,19 +33,23 @@ func (d *database) onDisk(key store.Key) (rec *store.Record, err error) {
 // With c.KeepUnknown, a dead owner's claim becomes its request's unknown
 // outcome instead (dead.go), at the cost of a completion's synced write.
 func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (store.Acquired, error) {
+	db, err := s.open("acquiring")
+	if err != nil {
+		return store.Acquired{}, err
+	}
 	for {
 		if err := ctx.Err(); err != nil {
 			return store.Acquired{}, store.Unavailable("acquiring", err)
 		}
-		gen := s.db.claims.generation(key)
-		rec, err := s.db.onDisk(key)
+		gen := db.claims.generation(key)
+		rec, err := db.onDisk(key)
 		if err != nil {
 			return store.Acquired{}, store.Unavailable("acquiring", err)
 		}
 		if rec != nil {
 			return store.Acquired{Record: rec}, nil
 		}
-		r, err := s.db.claims.take(key, c, now(), gen)
+		r, err := db.claims.take(key, c, now(), gen)
 		if err != nil {
 			return store.Acquired{}, store.Unavailable("acquiring", err)
 		}
@@ -59,7 +63,7 @@ func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (sto
 			}
 			return store.Acquired{Record: rec}, nil
 		case r.heir != nil:
-			got, err := s.db.keepUnknown(key, c, r.heir)
+			got, err := db.keepUnknown(key, c, r.heir)
 			if errors.Is(err, store.ErrNotOwner) {
 				continue // purged meanwhile: the key is free
 			}
@@ -75,11 +79,15 @@ func (s *Store) Complete(ctx context.Context, key store.Key, c *store.Claim, res
 	if err := ctx.Err(); err != nil {
 		return store.Unavailable("completing", err)
 	}
+	db, err := s.open("completing")
+	if err != nil {
+		return err
+	}
 	var pinned *held
-	err := s.db.writes.update(func(tx *bolt.Tx) error {
+	err = db.writes.update(func(tx *bolt.Tx) error {
 		t := now()
 		var err error
-		if pinned, err = s.db.claims.pin(key, c.Token, t); err != nil {
+		if pinned, err = db.claims.pin(key, c.Token, t); err != nil {
 			return err
 		}
 		// Encoded here, so that the wait for the writer lock does not
@@ -87,7 +95,7 @@ func (s *Store) Complete(ctx context.Context, key store.Key, c *store.Claim, res
 		return tx.Bucket(records).Put(key[:], store.AppendCompleted(nil, c, resp, t.Add(ttl)))
 	})
 	if pinned != nil {
-		s.db.claims.settle(key, pinned, err == nil)
+		db.claims.settle(key, pinned, err == nil)
 	}
 	return unlessNotOwner("completing", err)
 }
@@ -97,7 +105,11 @@ func (s *Store) Release(ctx context.Context, key store.Key, token store.Token) e
 	if err := ctx.Err(); err != nil {
 		return store.Unavailable("releasing", err)
 	}
-	return unlessNotOwner("releasing", s.db.claims.release(key, token, now()))
+	db, err := s.open("releasing")
+	if err != nil {
+		return err
+	}
+	return unlessNotOwner("releasing", db.claims.release(key, token, now()))
 }
 
 // Renew sets the lease of the claim held by token, in memory only.
@@ -105,7 +117,11 @@ func (s *Store) Renew(ctx context.Context, key store.Key, token store.Token, lea
 	if err := ctx.Err(); err != nil {
 		return store.Unavailable("renewing", err)
 	}
-	return unlessNotOwner("renewing", s.db.claims.renew(key, token, lease, now()))
+	db, err := s.open("renewing")
+	if err != nil {
+		return err
+	}
+	return unlessNotOwner("renewing", db.claims.renew(key, token, lease, now()))
 }
 
 // unlessNotOwner wraps err in store.ErrUnavailable unless it is

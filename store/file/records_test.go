@@ -52,7 +52,7 @@ func TestPersistence(t *testing.T) {
 // keysInFile counts the values in the file.
 func keysInFile(t *testing.T, s *Store) (n int) {
 	t.Helper()
-	if err := s.db.View(func(tx *bolt.Tx) error {
+	if err := s.db().View(func(tx *bolt.Tx) error {
 		n = tx.Bucket(records).Stats().KeyN
 		return nil
 	}); err != nil {

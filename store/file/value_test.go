@@ -27,7 +27,7 @@ func TestValueIsTheEncodedRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	var v []byte
-	s.db.View(func(tx *bolt.Tx) error {
+	s.db().View(func(tx *bolt.Tx) error {
 		v = bytes.Clone(tx.Bucket(records).Get(k[:]))
 		return nil
 	})
@@ -46,7 +46,7 @@ func TestValueIsTheEncodedRecord(t *testing.T) {
 	kept, gone := storetest.NewKey(), storetest.NewKey()
 	kc, gc := claim(time.Minute), claim(time.Minute)
 	expires := time.Now().Add(time.Hour).Truncate(time.Second)
-	err = s.db.Update(func(tx *bolt.Tx) error {
+	err = s.db().Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(records)
 		if err := b.Put(kept[:], store.AppendCompleted(nil, kc, &store.Response{Status: 201, Body: []byte("by hand")}, expires)); err != nil {
 			return err
@@ -67,7 +67,7 @@ func TestValueIsTheEncodedRecord(t *testing.T) {
 	if got, err := s.Acquire(ctx, gone, claim(time.Minute)); got.Record != nil || err != nil || got.TookOver {
 		t.Fatalf("Acquire of an expired record = %+v, %v; want a new claim", got, err)
 	}
-	if n, err := s.db.sweep(ctx, sweepBatch, nil); n != 1 || err != nil {
+	if n, err := s.db().sweep(ctx, sweepBatch, nil); n != 1 || err != nil {
 		t.Fatalf("sweep = %d, %v; want the expired record deleted", n, err)
 	}
 }
