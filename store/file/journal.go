@@ -59,6 +59,13 @@ const (
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
+// journalFormat seeds each entry's checksum, so that an entry of another
+// format (the first kept no TTL) fails it, and ends the replay there,
+// rather than be misread.
+const journalFormat = 2
+
+func checksum(b []byte) uint32 { return crc32.Update(journalFormat, castagnoli, b) }
+
 // appendEntry appends the entry that puts e as k's claim, or drops k's
 // claim if e is nil.
 func appendEntry(dst []byte, k store.Key, e *held) []byte {
@@ -77,7 +84,7 @@ func appendEntry(dst []byte, k store.Key, e *held) []byte {
 	dst = binary.BigEndian.AppendUint64(dst, uint64(expires))
 	dst = binary.BigEndian.AppendUint64(dst, uint64(keep))
 	dst = append(dst, blob...)
-	binary.BigEndian.PutUint32(dst[start:], crc32.Checksum(dst[start+4:], castagnoli))
+	binary.BigEndian.PutUint32(dst[start:], checksum(dst[start+4:]))
 	return dst
 }
 
@@ -90,7 +97,7 @@ func replay(b []byte) (map[store.Key]*held, int) {
 		e := b[off:]
 		n := int(binary.BigEndian.Uint32(e[4:])) // what follows the key
 		end := leaseOff + n
-		if n < entryHead-leaseOff || n > maxEntry || end > len(e) || crc32.Checksum(e[4:end], castagnoli) != binary.BigEndian.Uint32(e) {
+		if n < entryHead-leaseOff || n > maxEntry || end > len(e) || checksum(e[4:end]) != binary.BigEndian.Uint32(e) {
 			break
 		}
 		k := store.Key(e[keyOff:leaseOff])

@@ -3,7 +3,9 @@ package file
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
+	"hash/crc32"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -286,5 +288,23 @@ func refuseJournalWrites(t *testing.T, s *Store) (restore func()) {
 		defer cs.mu.Unlock()
 		cs.log.f = good
 		readOnly.Close()
+	}
+}
+
+// A journal of the first format, whose entries kept no TTL, is not misread:
+// its first entry ends the replay, even one whose claim, read 8 bytes on
+// where this format's claim starts, looks like a claim (its token there).
+func TestJournalOfTheFirstFormat(t *testing.T) {
+	c := claim(time.Hour)
+	copy(c.Token[6:], store.StatePrefix(store.InProgress))
+	blob := store.AppendClaim(nil, c)
+	k := storetest.NewKey()
+	old := binary.BigEndian.AppendUint32(make([]byte, 4), uint32(8+len(blob)))
+	old = append(old, k[:]...)
+	old = binary.BigEndian.AppendUint64(old, uint64(time.Now().Add(time.Hour).UnixNano()))
+	old = append(old, blob...)
+	binary.BigEndian.PutUint32(old, crc32.Checksum(old[4:], crc32.MakeTable(crc32.Castagnoli)))
+	if claims, n := replay(old); n != 0 || len(claims) != 0 {
+		t.Fatalf("replay of an entry of the first format: %d claims from %d bytes; want none", len(claims), n)
 	}
 }
