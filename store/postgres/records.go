@@ -41,13 +41,11 @@ func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (sto
 	if err := s.db.ensure(ctx); err != nil {
 		return store.Acquired{}, err
 	}
-	// acquire takes the first seven, takeover all.
-	args := []any{key[:], c.Token[:], bytesOf(c.Endpoint), c.Fingerprint[:], micros(c.Lease), c.CreatedAt.UnixMicro(),
-		micros(keptFor(c)), c.KeepUnknown}
+	args := claimArgs(key, c)
 	for range acquireAttempts {
-		r := new(row)
+		r := &row{args: args}
 		start := time.Now()
-		err := s.db.pool.QueryRow(ctx, s.db.q.acquire, args[:7]...).Scan(r.dests(&r.won, &r.ttl)...)
+		err := s.db.pool.QueryRow(ctx, s.db.q.acquire, r.args[:7]...).Scan(r.dests(&r.won, &r.ttl)...)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			continue
@@ -58,7 +56,7 @@ func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (sto
 		case r.ttl > 0:
 			return s.found(key, r, start, version, false)
 		}
-		got, done, err := s.takeOver(ctx, key, args, version)
+		got, done, err := s.takeOver(ctx, key, r.args[:], version)
 		if done || err != nil {
 			return got, err
 		}
@@ -100,6 +98,13 @@ func (s *Store) found(key store.Key, r *row, start time.Time, version uint64, to
 		s.tier.Put(key, store.AppendRecord(nil, rec), version)
 	}
 	return store.Acquired{Record: rec, TookOver: tookOver}, nil
+}
+
+// claimArgs are the parameters of takeover, in order; acquire takes all
+// but the last.
+func claimArgs(key store.Key, c *store.Claim) [8]any {
+	return [8]any{key[:], c.Token[:], bytesOf(c.Endpoint), c.Fingerprint[:], micros(c.Lease), c.CreatedAt.UnixMicro(),
+		micros(keptFor(c)), c.KeepUnknown}
 }
 
 // keptFor is how long c's row is kept past its lease, so that a retry

@@ -22,6 +22,8 @@ type row struct {
 	ttl     ttlColumn
 	expires time.Time
 	dest    [14]any
+	// Acquire's parameters, which need no allocation of their own here.
+	args [8]any
 }
 
 // dests returns the scan destinations of a row of the columns of lead,
