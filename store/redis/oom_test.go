@@ -47,11 +47,30 @@ func TestFullRedisLetsRunningClaimsEnd(t *testing.T) {
 	ctx := context.Background()
 	renewed, watched, released := storetest.NewKey(), storetest.NewKey(), storetest.NewKey()
 	cr, cw, cl := mustClaimKey(t, s, renewed), mustClaimKey(t, s, watched), mustClaimKey(t, s, released)
+	dead, _ := deadOwner(t, s)
 	storetest.Notify(t, waiter, storetest.NewKey()) // the waiter's subscription is up
 	fill(t, srv)
 
 	if _, err := s.Acquire(ctx, storetest.NewKey(), claim()); !errors.Is(err, store.ErrUnavailable) || !strings.Contains(err.Error(), "OOM") {
 		t.Fatalf("a new key on a full Redis = %v, want ErrUnavailable (OOM): new work is refused", err)
+	}
+	// A dead owner's claim, whose SET NX GET is refused as well, is new work
+	// too: its takeover and its conversion, which min_replicas reaches after
+	// a GET, are refused and leave it as it is.
+	held, err := srv.Client().Get(ctx, s.key(dead)).Bytes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, keep := range []bool{false, true} {
+		c := keepClaim()
+		c.KeepUnknown = keep
+		w := claimWrite{key: dead, k: s.key(dead), c: c, claim: appendClaim(nil, c), px: millis(keyLife(c))}
+		if _, err := s.takeOver(ctx, w, held); err == nil || !strings.Contains(err.Error(), "OOM") {
+			t.Fatalf("the takeover (KeepUnknown %v) of a dead claim on a full Redis = %v, want OOM", keep, err)
+		}
+	}
+	if now, err := srv.Client().Get(ctx, s.key(dead)).Bytes(); err != nil || string(now) != string(held) {
+		t.Fatalf("the dead claim after refused takeovers: %v; want it unchanged", err)
 	}
 	if err := s.Renew(ctx, renewed, cr.Token, time.Minute); err != nil {
 		t.Fatalf("Renew on a full Redis: %v", err)

@@ -105,15 +105,15 @@ var now = time.Now
 // keyLife is how long a claim's key lives: its lease, and as long again as
 // its record would be kept (Claim.TTL), so that a dead owner's retry takes
 // the claim over (Acquired.TookOver) rather than run as new.
-func keyLife(c *store.Claim) time.Duration {
-	if c.TTL <= 0 {
-		return c.Lease + defaultTrace
-	}
-	return c.Lease + c.TTL
-}
+func keyLife(c *store.Claim) time.Duration { return c.Lease + recordTTL(c) }
 
-// defaultTrace stands for a TTL the caller left out: the handler's default ttl.
-const defaultTrace = 24 * time.Hour
+// recordTTL is c.TTL, or for a TTL the caller left out the handler's default.
+func recordTTL(c *store.Claim) time.Duration {
+	if c.TTL <= 0 {
+		return 24 * time.Hour
+	}
+	return c.TTL
+}
 
 // leaseEndOffset is where the head keeps a claim's lease end: the expiry
 // field, 8 bytes before the 2-byte status that precedes the flags.
@@ -144,7 +144,8 @@ func leasePassed(b store.Encoded, t time.Time) bool {
 
 // Acquire claims key with SET NX GET (after a GET, with min_replicas), or
 // returns the live record; the local tier answers and keeps completed ones.
-// It takes over a dead owner's claim (keyLife), with takeoverScript.
+// It takes over a dead owner's claim (keyLife), or with KeepUnknown turns
+// it into its unknown outcome, in one script (takeOver).
 func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (store.Acquired, error) {
 	var version uint64
 	if s.tier != nil {
@@ -161,8 +162,7 @@ func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (sto
 	defer putBuffer(buf)
 	*buf = appendClaim((*buf)[:0], c)
 	w := claimWrite{key: key, k: k, c: c, claim: *buf, px: millis(keyLife(c))}
-	var held []byte
-	var tookOver bool
+	var got written
 	var err error
 	if s.replicas != nil {
 		// Only a claim waits for the replicas, on the connection that wrote
@@ -170,28 +170,37 @@ func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (sto
 		// without min_replicas.
 		get := goredis.NewStringCmd(ctx, "get", k)
 		_ = s.calls.Process(ctx, get)
-		if held, err = get.Bytes(); errors.Is(err, goredis.Nil) {
-			held, err = nil, nil
+		if got.held, err = get.Bytes(); errors.Is(err, goredis.Nil) {
+			got.held, err = nil, nil
 		}
 	}
-	if held == nil && err == nil {
-		held, tookOver, err = s.writeClaim(ctx, w, nil)
+	if got.held == nil && err == nil {
+		got, err = s.writeClaim(ctx, w)
 	}
-	for tries := 0; held != nil && err == nil; tries++ {
-		if tries == maxTakeovers || !leasePassed(held, now()) {
-			return s.found(key, held, version)
+	for tries := 0; got.held != nil && !got.tookOver && err == nil; tries++ {
+		if tries == maxTakeovers || !leasePassed(got.held, now()) {
+			return s.found(key, got.held, version)
 		}
-		dead := held[:store.FlagsOffset]
-		held, tookOver, err = s.writeClaim(ctx, w, dead)
-		if bytes.HasPrefix(held, dead) {
+		dead := got.held
+		got, err = s.takeOver(ctx, w, dead)
+		if bytes.HasPrefix(got.held, dead[:store.FlagsOffset]) {
 			// Unchanged, and alive by Redis's clock, which decides.
-			return s.found(key, held, version)
+			return s.found(key, got.held, version)
 		}
 	}
-	if err != nil {
+	switch {
+	case err != nil:
 		return store.Acquired{}, store.Unavailable("acquiring", err)
+	case got.held != nil:
+		// The dead claim's unknown outcome: a completion, announced as one.
+		if got.watched {
+			_ = s.announce(ctx, store.EventEnded, key)
+		}
+		a, err := s.found(key, got.held, version)
+		a.TookOver = err == nil
+		return a, err
 	}
-	return store.Acquired{TookOver: tookOver}, nil
+	return store.Acquired{TookOver: got.tookOver}, nil
 }
 
 // claimWrite is what an Acquire writes.
@@ -203,76 +212,69 @@ type claimWrite struct {
 	px    int64  // the key's expiry, in ms
 }
 
-// writeClaim writes w's claim: with SET NX GET, or in place of the dead
-// claim whose head is dead; with min_replicas, followed by a WAIT in one
-// pipeline on the key's master, so that the WAIT counts the write. It
-// answers what the key held instead (nil if it holds the claim now) and
-// whether the claim took a dead one's place.
-func (s *Store) writeClaim(ctx context.Context, w claimWrite, dead []byte) ([]byte, bool, error) {
-	var cmd goredis.Cmder
-	var wait *goredis.IntCmd
-	var err error
+// written is what an Acquire's write left in the key.
+type written struct {
+	held []byte // what the key holds instead of the claim; nil if the claim holds it
+	// tookOver is set when the claim, or with KeepUnknown held, the dead
+	// claim's unknown outcome, took a dead owner's claim's place.
+	tookOver bool
+	watched  bool // the dead claim turned into held had waiters to wake
+}
+
+// writeClaim claims w's key with SET NX GET, answering what it holds instead.
+func (s *Store) writeClaim(ctx context.Context, w claimWrite) (written, error) {
+	cmd, wait, err := s.write(ctx, w, nil)
+	if err != nil {
+		return written{}, err
+	}
+	held, err := cmd.(*goredis.StringCmd).Bytes()
+	wrote := errors.Is(err, goredis.Nil)
+	switch {
+	case wrote:
+	case err != nil:
+		return written{}, err
+	case !store.Encoded(held).ClaimedBy(w.c.Token):
+		return written{held: held}, nil
+	}
+	// Written, or found by go-redis's retry after a lost reply: a claim the
+	// key's expiry had freed is told as one.
+	return written{}, s.claimed(ctx, w, wrote, wait)
+}
+
+// write sends w's SET NX GET, or script (a takeover) with args; with
+// min_replicas, followed by a WAIT in one pipeline on the key's master, so
+// that the WAIT counts the write.
+func (s *Store) write(ctx context.Context, w claimWrite, script *goredis.Script, args ...any) (goredis.Cmder, *goredis.IntCmd, error) {
 	switch {
 	case s.replicas != nil:
-		cmd, wait, err = s.replicas.onMaster(ctx, w.k, func(p goredis.Pipeliner, eval bool) goredis.Cmder {
-			if dead == nil {
+		return s.replicas.onMaster(ctx, w.k, func(p goredis.Pipeliner, eval bool) goredis.Cmder {
+			if script == nil {
 				return setClaim(ctx, p, w)
 			}
-			return evalScript(ctx, p, takeoverScript, eval, []string{w.k}, dead, w.claim, w.px, int64(w.c.Lease))
+			return evalScript(ctx, p, script, eval, []string{w.k}, args...)
 		})
-		if err != nil {
-			return nil, false, err
-		}
-	case dead == nil:
-		cmd = setClaim(ctx, s.calls, w)
-	default:
-		cmd = takeoverScript.Run(ctx, s.calls, []string{w.k}, dead, w.claim, w.px, int64(w.c.Lease))
+	case script == nil:
+		return setClaim(ctx, s.calls, w), nil, nil
 	}
-	held, wrote, tookOver, err := claimReply(cmd)
-	if err != nil {
-		return nil, false, err
+	return script.Run(ctx, s.calls, []string{w.k}, args...), nil, nil
+}
+
+// claimed waits, with min_replicas, for the replicas to have w's claim, and
+// withdraws it if too few do. A retry's first try wrote where this WAIT
+// does not count: unless wrote, the claim is withdrawn too.
+func (s *Store) claimed(ctx context.Context, w claimWrite, wrote bool, wait *goredis.IntCmd) error {
+	if s.replicas == nil {
+		return nil
 	}
-	if held != nil {
-		if !store.Encoded(held).ClaimedBy(w.c.Token) {
-			return held, false, nil
-		}
-		// go-redis's retry after a lost reply found this very claim. If the
-		// reply was a takeover's, saying so keeps the request from running
-		// twice; a claim the key's expiry had freed is told as one too.
-		tookOver = dead != nil
-	}
-	if s.replicas != nil {
-		// A retry's first try wrote where this WAIT does not count; a claim
-		// too few replicas acknowledge is withdrawn.
-		err = s.replicas.claimed(wrote, wait, func() error {
-			return s.Release(context.WithoutCancel(ctx), w.key, w.c.Token)
-		})
-	}
-	return nil, tookOver, err
+	return s.replicas.claimed(wrote, wait, func() error {
+		return s.Release(context.WithoutCancel(ctx), w.key, w.c.Token)
+	})
 }
 
 func setClaim(ctx context.Context, p caller, w claimWrite) *goredis.StringCmd {
 	cmd := goredis.NewStringCmd(ctx, "set", w.k, w.claim, "nx", "px", w.px, "get")
 	_ = p.Process(ctx, cmd)
 	return cmd
-}
-
-// claimReply reads a SET NX GET or takeoverScript: whether it wrote the
-// claim (tookOver: in place of a dead one), or else what the key held.
-func claimReply(cmd goredis.Cmder) (held []byte, wrote, tookOver bool, err error) {
-	if set, ok := cmd.(*goredis.StringCmd); ok {
-		held, err = set.Bytes()
-		if errors.Is(err, goredis.Nil) {
-			return nil, true, false, nil
-		}
-		return held, false, false, err
-	}
-	script := cmd.(*goredis.Cmd)
-	if s, ok := script.Val().(string); ok {
-		return []byte(s), false, false, nil
-	}
-	n, err := script.Int64()
-	return nil, err == nil, n == 1, err
 }
 
 // found answers an Acquire that found the live record held, and keeps it in

@@ -26,7 +26,7 @@ const retryCompletions = 1024
 // replicaShortfalls is process-wide, registered into each config's registry.
 var replicaShortfalls = prometheus.NewCounterVec(prometheus.CounterOpts{
 	Namespace: "caddy", Subsystem: "idempotency", Name: "store_replica_shortfalls_total",
-	Help: "Redis writes that fewer replicas than min_replicas acknowledged within replica_timeout, by store and write: claim (withdrawn; the request answered per on_store_error), completion (kept on the master and sent again), completion_abandoned (the lease passed first).",
+	Help: "Redis writes that fewer replicas than min_replicas acknowledged within replica_timeout, by store and write: claim (withdrawn; the request answered per on_store_error), completion (kept on the master and sent again), completion_abandoned (the lease passed first), unknown_outcome (a dead owner's claim turned into its unknown outcome, kept).",
 }, []string{"store", "write"})
 
 // errTooFewReplicas fails claims (wrapped in store.ErrUnavailable) and
@@ -39,9 +39,9 @@ type replication struct {
 	timeout time.Duration
 	client  goredis.UniversalClient
 	// The replicaShortfalls of this store, by write.
-	shortClaims, shortCompletions, abandoned prometheus.Counter
-	logger                                   *zap.Logger
-	retries                                  chan resend
+	shortClaims, shortCompletions, abandoned, shortUnknown prometheus.Counter
+	logger                                                 *zap.Logger
+	retries                                                chan resend
 }
 
 func newReplication(ctx context.Context, want int, timeout time.Duration, client goredis.UniversalClient, name string, reg *prometheus.Registry, logger *zap.Logger) (*replication, error) {
@@ -55,6 +55,7 @@ func newReplication(ctx context.Context, want int, timeout time.Duration, client
 		shortClaims:      replicaShortfalls.WithLabelValues(name, "claim"),
 		shortCompletions: replicaShortfalls.WithLabelValues(name, "completion"),
 		abandoned:        replicaShortfalls.WithLabelValues(name, "completion_abandoned"),
+		shortUnknown:     replicaShortfalls.WithLabelValues(name, "unknown_outcome"),
 		retries:          make(chan resend, retryCompletions),
 	}
 	go r.run(ctx)
@@ -220,6 +221,23 @@ func (r *replication) claimed(wrote bool, wait *goredis.IntCmd, release func() e
 		r.logger.Warn("withdrawing a claim the replicas did not acknowledge", zap.Error(rerr))
 	}
 	return err
+}
+
+// unknownKept reads the WAIT that followed a dead claim's conversion into
+// its unknown outcome (Claim.KeepUnknown), unless wrote, in a pipeline that
+// a retry's first try wrote. Too few replicas are counted and logged, but
+// the record stands and is answered: it runs nothing, and a failover that
+// loses it brings back the dead claim (the replicas had it: a claim waits
+// for them), which the next retry turns again. Failing instead would
+// answer on_store_error: with fail_open, running the request a second time.
+func (r *replication) unknownKept(wrote bool, wait *goredis.IntCmd) {
+	n, err := wait.Result()
+	if wrote && err == nil && int(n) >= r.want {
+		return
+	}
+	r.shortUnknown.Inc()
+	r.logger.Warn("too few replicas acknowledged a dead owner's claim turned into its unknown outcome; kept, as a failover that loses it brings the dead claim back, for the next retry to turn again",
+		zap.Int64("acknowledged", n), zap.Int("min_replicas", r.want), zap.Error(err))
 }
 
 // short tells whether a completion's WAIT found too few replicas.

@@ -121,11 +121,21 @@ func (h *takeoverHook) ProcessPipelineHook(next goredis.ProcessPipelineHook) gor
 	}
 }
 
-// seen runs before on a takeover, sent as EVALSHA: the test loads the
-// script first.
+// seen runs before on a takeover or a conversion into an unknown outcome,
+// sent as EVALSHA: the test loads the scripts first.
 func (h *takeoverHook) seen(cmd goredis.Cmder) {
-	if args := cmd.Args(); len(args) > 1 && args[0] == "evalsha" && args[1] == takeoverScript.Hash() {
+	if args := cmd.Args(); len(args) > 1 && args[0] == "evalsha" && (args[1] == takeoverScript.Hash() || args[1] == unknownScript.Hash()) {
 		h.before()
+	}
+}
+
+// loadTakeoverScripts loads the scripts that takeoverHook sees.
+func loadTakeoverScripts(t testing.TB, srv *testredis.Server) {
+	t.Helper()
+	for _, script := range []*goredis.Script{takeoverScript, unknownScript} {
+		if err := script.Load(context.Background(), srv.Client()).Err(); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
@@ -135,9 +145,7 @@ func TestTakeoverFindsTheKeyChanged(t *testing.T) {
 	srv := testredis.Start(t)
 	s := open(t, srv)
 	ctx := context.Background()
-	if err := takeoverScript.Load(ctx, srv.Client()).Err(); err != nil {
-		t.Fatal(err)
-	}
+	loadTakeoverScripts(t, srv)
 	hook := &takeoverHook{before: func() {}}
 	s.client.AddHook(hook)
 	deadClaim := func(t *testing.T) (store.Key, *store.Claim) {
