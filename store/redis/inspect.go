@@ -66,11 +66,11 @@ func (s *Store) Lookup(ctx context.Context, key store.Key) (*store.Record, time.
 }
 
 // expiresAt is when a live record's lease or TTL ends: a claim's lease end
-// from its head, if it has one, else the key's expiry from a PTTL answer,
+// from its head, a completed record's from the key's expiry, a PTTL answer,
 // zero for no expiry (-1) or gone (-2).
 func expiresAt(rec *store.Record, t time.Time, pttl time.Duration) time.Time {
 	switch {
-	case rec.State == store.InProgress && !rec.ExpiresAt.IsZero():
+	case rec.State == store.InProgress:
 		return rec.ExpiresAt
 	case pttl < 0:
 		return time.Time{}
@@ -103,8 +103,7 @@ func (s *Store) Delete(ctx context.Context, key store.Key) (bool, error) {
 	return found, nil
 }
 
-// InFlight SCANs every master for live claims, a pipeline of heads and TTLs a
-// batch: the TTL is the lease of a claim written without its lease end.
+// InFlight SCANs every master for live claims, a pipeline of heads a batch.
 func (s *Store) InFlight(ctx context.Context, olderThan time.Duration, limit int) ([]store.Entry, error) {
 	if limit <= 0 {
 		return nil, nil
@@ -168,12 +167,10 @@ func (l *lister) inspect(ctx context.Context, c goredis.Cmdable, keys []string) 
 		return nil
 	}
 	heads := make([]*goredis.StringCmd, len(keys))
-	ttls := make([]*goredis.DurationCmd, len(keys))
 	// Errors are looked at key by key: one odd key must not fail the listing.
 	_, _ = c.Pipelined(ctx, func(p goredis.Pipeliner) error {
 		for i, k := range keys {
 			heads[i] = p.GetRange(ctx, k, 0, peekLen-1)
-			ttls[i] = p.PTTL(ctx, k)
 		}
 		return nil
 	})
@@ -184,9 +181,6 @@ func (l *lister) inspect(ctx context.Context, c goredis.Cmdable, keys []string) 
 			continue
 		}
 		head, err := heads[i].Bytes()
-		if err == nil {
-			err = ttls[i].Err()
-		}
 		var reply goredis.Error
 		switch {
 		case errors.As(err, &reply):
@@ -194,10 +188,9 @@ func (l *lister) inspect(ctx context.Context, c goredis.Cmdable, keys []string) 
 		case err != nil:
 			return err
 		}
-		ttl := ttls[i].Val()
-		// A key deleted or expired since SCAN saw it reads as "" and -2;
-		// a dead owner's claim is no claim in flight.
-		if store.Encoded(head).State() != store.InProgress || ttl == -2 || leasePassed(head, t) {
+		// A key deleted or expired since SCAN saw it reads as ""; a dead
+		// owner's claim is no claim in flight.
+		if store.Encoded(head).State() != store.InProgress || leasePassed(head, t) {
 			continue
 		}
 		if len(head) >= peekLen {
@@ -216,7 +209,7 @@ func (l *lister) inspect(ctx context.Context, c goredis.Cmdable, keys []string) 
 		}
 		l.mu.Lock()
 		if len(l.found) < l.limit {
-			l.found = append(l.found, store.Entry{Key: key, Summary: store.Summarize(rec), ExpiresAt: expiresAt(rec, t, ttl)})
+			l.found = append(l.found, store.Entry{Key: key, Summary: store.Summarize(rec), ExpiresAt: rec.ExpiresAt})
 		}
 		l.mu.Unlock()
 	}

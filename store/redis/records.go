@@ -135,11 +135,9 @@ func appendClaim(dst []byte, c *store.Claim) []byte {
 }
 
 // leasePassed tells whether b is a claim whose lease has passed by this
-// clock. A claim written without its lease end (by a version before it was
-// kept) lives as long as its key, whose expiry is its lease.
+// clock. Redis's clock has the last word on a takeover (takeoverScript).
 func leasePassed(b store.Encoded, t time.Time) bool {
-	end := b.ExpiresAt()
-	return b.State() == store.InProgress && !end.IsZero() && !t.Before(end)
+	return b.State() == store.InProgress && !t.Before(b.ExpiresAt())
 }
 
 // Acquire claims key with SET NX GET (after a GET, with min_replicas), or

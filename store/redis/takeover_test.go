@@ -343,31 +343,6 @@ func TestInspectorReadsTheLeaseEnd(t *testing.T) {
 	}
 }
 
-// A claim written without its lease end (by an older version, with its
-// lease as the key's expiry) holds while its key lives, is listed with the
-// key's expiry, and frees the key with it: no takeover.
-func TestClaimWithoutLeaseEnd(t *testing.T) {
-	srv := testredis.Start(t)
-	s := open(t, srv)
-	ctx := context.Background()
-	k, old := storetest.NewKey(), claim()
-	old.CreatedAt = time.Now().Add(-time.Minute)
-	if err := srv.Client().Set(ctx, s.key(k), store.AppendClaim(nil, old), 300*time.Millisecond).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if got, err := s.Acquire(ctx, k, claim()); err != nil || got.Record == nil || got.Record.Token != old.Token {
-		t.Fatalf("Acquire = %+v, %v; want the old claim", got, err)
-	}
-	entries, err := s.InFlight(ctx, time.Second, 10)
-	if err != nil || len(entries) != 1 || time.Until(entries[0].ExpiresAt) > 300*time.Millisecond || time.Until(entries[0].ExpiresAt) <= 0 {
-		t.Fatalf("InFlight = %+v, %v; want the old claim, expiring with its key", entries, err)
-	}
-	time.Sleep(400 * time.Millisecond)
-	if got, err := s.Acquire(ctx, k, claim()); err != nil || got.Record != nil || got.TookOver {
-		t.Fatalf("Acquire after the old claim's key expired = %+v, %v; want a claim, no takeover", got, err)
-	}
-}
-
 // leaseEndOffset is where the codec writes a record's expiry.
 func TestLeaseEndOffset(t *testing.T) {
 	b := store.AppendRecord(nil, &store.Record{State: store.InProgress, ExpiresAt: time.Unix(0, 0x0102030405060708)})
