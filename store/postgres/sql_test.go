@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"os"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -162,5 +163,17 @@ func TestIndexNames(t *testing.T) {
 			}
 			seen[name] = table + "/" + purpose
 		}
+	}
+}
+
+// The operator's guide shows the DDL that create_table runs, index names
+// included.
+func TestDocumentedDDL(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/stores/postgres.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ddl := DDL("", defaultTable); !strings.Contains(string(doc), "```sql\n"+ddl+"```") {
+		t.Errorf("docs/stores/postgres.md does not show the DDL of the default table:\n%s", ddl)
 	}
 }
