@@ -337,7 +337,7 @@ func (s *Store) Complete(ctx context.Context, key store.Key, c *store.Claim, res
 
 // completeReplicated pipelines the completion and a WAIT on key's master, and
 // resends it while the lease lasts if short: a promoted replica with only the
-// claim would answer retries 409.
+// claim would answer retries 409, then let them take it over (resend).
 func (s *Store) completeReplicated(ctx context.Context, keys []string, args []any, expires time.Time, lease time.Duration) (int64, error) {
 	script, wait, err := s.replicas.onMaster(ctx, keys[0], func(p goredis.Pipeliner, eval bool) goredis.Cmder {
 		return evalScript(ctx, p, completeScript, eval, keys, args...)

@@ -458,6 +458,67 @@ func TestMinReplicasCompletionResentAfterFailover(t *testing.T) {
 	t.Logf("the completion reached the new master %v after the kill", time.Since(killedAt).Round(time.Millisecond))
 }
 
+// A completion the replicas missed is resent only while its claim's lease
+// lasts. Past it the resend gives up, but the replicas' copy of the claim
+// does not expire with its lease (keyLife): a failover that loses the
+// completion brings it back, dead, and a retry is answered as for any dead
+// owner: taken over and run again, or with on_unknown_outcome keep turned
+// into its unknown outcome, never a key as new as if nothing had run.
+func TestMinReplicasResendGivesUpWithTheLease(t *testing.T) {
+	sg, link := testredis.StartSentinelBehindLink(t)
+	s := openReplicated(t, sg, "gaveup")
+	lookup := openSentinel(t, sg, "gaveup")
+	ctx := context.Background()
+	kept, rerun := storetest.NewKey(), storetest.NewKey()
+	owners := map[store.Key]*store.Claim{}
+	for _, k := range []store.Key{kept, rerun} {
+		c := claim()
+		c.Lease, c.TTL = time.Second, time.Hour
+		if got, err := s.Acquire(ctx, k, c); err != nil || got.Record != nil {
+			t.Fatalf("Acquire = %+v, %v; want a claim", got, err)
+		}
+		owners[k] = c
+	}
+	link.Blackhole(true)
+	abandoned := testutil.ToFloat64(s.replicas.abandoned)
+	for k, c := range owners {
+		if err := s.Complete(ctx, k, c, testResponse("lost"), time.Minute); err != nil {
+			t.Fatalf("Complete with the link cut = %v, want the completion kept", err)
+		}
+	}
+	waitFor(t, "the resends to give up with the lease", func() bool {
+		return testutil.ToFloat64(s.replicas.abandoned) == abandoned+2
+	})
+	old := sg.KillMaster(t)
+	sg.WaitFailover(t, old, testredis.FailoverWait)
+
+	acquire := func(k store.Key, c *store.Claim) store.Acquired {
+		t.Helper()
+		var got store.Acquired
+		var err error
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			if got, err = lookup.Acquire(ctx, k, c); err == nil || time.Now().After(deadline) {
+				break
+			}
+		}
+		if err != nil {
+			t.Fatalf("Acquire after the failover: %v", err)
+		}
+		return got
+	}
+	if got := acquire(kept, keepClaim()); got.Record == nil || !got.Record.OutcomeUnknown || !got.TookOver {
+		t.Fatalf("a retry with keep after the failover = %+v; want the dead claim's unknown outcome", got)
+	}
+	if got := acquire(rerun, claim()); got.Record != nil || !got.TookOver {
+		t.Fatalf("a retry without keep after the failover = %+v; want a takeover of the dead claim", got)
+	}
+	for k, c := range owners {
+		if err := lookup.Complete(ctx, k, c, testResponse("again"), time.Minute); !errors.Is(err, store.ErrNotOwner) {
+			t.Errorf("the owner's Complete after the failover = %v, want ErrNotOwner", err)
+		}
+	}
+}
+
 // A master that lost its scripts (SCRIPT FLUSH here; a restarted or newly
 // promoted master alike) answers the pipelined EVALSHA with NOSCRIPT: the
 // completion is sent again with EVAL, and its WAIT with it.

@@ -9,7 +9,14 @@ import (
 )
 
 // resend is a completion written again until the replicas have it or its
-// lease's end, deadline, passes, when their copy of the claim expires anyway.
+// claim's lease, deadline, passes. That bounds the work (a record written
+// every replica_timeout), not what is at stake: the replicas' copy of the
+// claim lives on past its lease, as any claim does (keyLife), and a failover
+// that loses the completion afterwards brings it back as a dead owner's
+// claim, which a retry takes over and runs again or, with
+// on_unknown_outcome keep, turns into its unknown outcome. resendScript
+// checks what the key holds, not the time, so nothing here depends on when
+// the claim expires.
 type resend struct {
 	key      string
 	owner    []byte // the claim's owner prefix
