@@ -73,7 +73,7 @@ type taken struct {
 // take claims k for c at t unless it is held, returning then the holder's
 // record; gen is what generation returned before the caller read the file.
 func (cs *claims) take(k store.Key, c *store.Claim, t time.Time, gen uint64) (taken, error) {
-	claim := &held{blob: store.AppendClaim(nil, c), expires: t.Add(c.Lease).UnixNano(), keep: keepOf(c)}
+	e := &held{blob: store.AppendClaim(nil, c), expires: t.Add(c.Lease).UnixNano(), keep: keepOf(c)}
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	if cs.closed {
@@ -87,20 +87,17 @@ func (cs *claims) take(k store.Key, c *store.Claim, t time.Time, gen uint64) (ta
 	if cs.settled[k[0]].Load() != gen {
 		return taken{stale: true}, nil
 	}
-	dead := old != nil && !old.gone(n)
-	if dead && c.KeepUnknown {
-		if err := claim.inherit(old, c); err != nil {
+	r := taken{tookOver: old != nil && !old.gone(n)}
+	if r.tookOver && c.KeepUnknown {
+		if err := e.inherit(old, c); err != nil {
 			return taken{}, err
 		}
+		r.heir = e
 	}
-	if err := cs.log.put(k, claim); err != nil {
+	if err := cs.log.put(k, e); err != nil {
 		return taken{}, err
 	}
-	cs.byKey[k] = claim
-	r := taken{tookOver: dead}
-	if claim.storing {
-		r.heir = claim
-	}
+	cs.byKey[k] = e
 	return r, nil
 }
 
