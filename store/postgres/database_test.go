@@ -20,8 +20,8 @@ func fill(t *testing.T, s *Store, expired, live int) {
 	if err := s.db.ensure(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	insert := `INSERT INTO ` + s.db.qualified + ` (key, state, token, endpoint, fingerprint, expires_at, reap_at)
-		SELECT sha256(($1 || i)::bytea), 'completed', '\x00'::bytea, 'GET /', '\x00'::bytea, now() + $2::interval, now() + $2::interval
+	insert := `INSERT INTO ` + s.db.qualified + ` (key, state, token, endpoint, fingerprint, expires_at)
+		SELECT sha256(($1 || i)::bytea), 'completed', '\x00'::bytea, 'GET /', '\x00'::bytea, now() + $2::interval
 		FROM generate_series(1, $3) AS i`
 	sqlExec(t, shared.DSN(), insert, "expired", "-1 second", expired)
 	sqlExec(t, shared.DSN(), insert, "live", "1 hour", live)
@@ -226,5 +226,23 @@ func TestDroppedTableWithCreateTableOff(t *testing.T) {
 		if !errors.Is(err, store.ErrUnavailable) || !strings.Contains(err.Error(), "turn create_table on") {
 			t.Fatalf("Acquire on the dropped table = %v, want ErrUnavailable with the hint to create it", err)
 		}
+	}
+}
+
+// The reaper finds its batch through its index, whose expression its
+// statement must spell alike, even when nearly every row is live.
+func TestReaperUsesItsIndex(t *testing.T) {
+	s := storetest.Provision(t, &Store{DSN: shared.DSN(), Table: newTable()})
+	fill(t, s, 10, 5000)
+	sqlExec(t, shared.DSN(), "ANALYZE "+s.db.qualified)
+	tx := begin(t)
+	ctx := context.Background()
+	rows, _ := tx.Query(ctx, "EXPLAIN "+strings.Replace(s.db.q.reap, "$1", "1000", 1), pgx.QueryExecModeSimpleProtocol)
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if plan := strings.Join(lines, "\n"); !strings.Contains(plan, indexName(s.table, reapIndex)) {
+		t.Fatalf("the reaper does not use its index:\n%s", plan)
 	}
 }

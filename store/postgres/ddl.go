@@ -14,11 +14,12 @@ import (
 //
 // state has no CHECK constraint: PostgreSQL compiles one on every statement
 // that writes the table. endpoint is bytea: text refuses NUL and invalid
-// UTF-8. reap_at is when the reaper may delete the row: expires_at for a
-// completed record, but the claim's TTL past its lease for a claim, so
-// that a dead owner's claim is still found, to be taken over, by a retry
-// within TTL. The reaper's index is on reap_at, so that it finds only rows
-// it may delete, however many dead claims it must keep.
+// UTF-8. reap_at is set for a claim only: the lease's end plus the claim's
+// TTL, so that a dead owner's claim is kept for a retry within TTL to take
+// it over; a completed record is reaped at its expires_at, and costs only
+// a bit of the row's null bitmap for it. The reaper's index is on when a
+// row may go (reapTime), so that it finds only rows it may delete, however
+// many dead claims it must keep.
 func DDL(schema, table string) string {
 	return strings.NewReplacer(
 		"{table}", qualify(schema, table),
@@ -38,12 +39,15 @@ func DDL(schema, table string) string {
 	sealed          boolean     NOT NULL DEFAULT false,
 	created_at      timestamptz NOT NULL DEFAULT now(),
 	expires_at      timestamptz NOT NULL,
-	reap_at         timestamptz NOT NULL
+	reap_at         timestamptz
 );
-CREATE INDEX IF NOT EXISTS {reap_idx} ON {table} (reap_at);
+CREATE INDEX IF NOT EXISTS {reap_idx} ON {table} ((` + reapTime + `));
 CREATE INDEX IF NOT EXISTS {in_progress_idx} ON {table} (created_at) WHERE state = 'in_progress';
 `)
 }
+
+// reapTime is when the reaper may delete a row, as its index has it.
+const reapTime = `coalesce(reap_at, expires_at)`
 
 // What the table's indexes serve, in their names: the reaper, and the
 // claims in flight that the admin API lists.

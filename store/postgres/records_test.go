@@ -198,8 +198,8 @@ func TestAcquireRacingAnUncommittedClaim(t *testing.T) {
 	}
 	tx := begin(t)
 	k, other := storetest.NewKey(), storetest.NewToken()
-	if _, err := tx.Exec(ctx, `INSERT INTO `+s.db.qualified+` (key, state, token, endpoint, fingerprint, expires_at, reap_at)
-		VALUES ($1, 'in_progress', $2, 'POST /other', $3, now() + interval '1 minute', now() + interval '1 day')`, k[:], other[:], make([]byte, 32)); err != nil {
+	if _, err := tx.Exec(ctx, `INSERT INTO `+s.db.qualified+` (key, state, token, endpoint, fingerprint, expires_at)
+		VALUES ($1, 'in_progress', $2, 'POST /other', $3, now() + interval '1 minute')`, k[:], other[:], make([]byte, 32)); err != nil {
 		t.Fatal(err)
 	}
 

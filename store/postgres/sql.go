@@ -35,7 +35,7 @@ const owned = `key = $1 AND token = $2 AND state <> 'completed' AND ` + isLive
 func asInterval(n string) string { return `(` + n + `) * interval '1 microsecond'` }
 
 // keptPastLease is how long a claim's row is kept past its lease, in
-// microseconds: its TTL.
+// microseconds: its TTL (NULL for a row without reap_at).
 const keptPastLease = `(extract(epoch FROM reap_at - expires_at) * 1000000)::bigint`
 
 // Only ends of claims someone waits for are notified: PostgreSQL
@@ -124,7 +124,7 @@ UPDATE {table} AS t SET state = CASE WHEN dead.unknown THEN 'completed' ELSE 'in
 	created_at = CASE WHEN dead.unknown THEN t.created_at ELSE ` + pCreated + ` END,
 	status = 0, headers = NULL, body = NULL, truncated = false, outcome_unknown = dead.unknown, sealed = false,
 	expires_at = now() + ` + asInterval(`CASE WHEN dead.unknown THEN `+pKeep+` ELSE `+pLease+` END`) + `,
-	reap_at = now() + ` + asInterval(`CASE WHEN dead.unknown THEN `+pKeep+` ELSE `+pLease+` + `+pKeep+` END`) + `
+	reap_at = CASE WHEN dead.unknown THEN NULL ELSE now() + ` + asInterval(pLease+" + "+pKeep) + ` END
 FROM dead WHERE t.key = $1
 RETURNING CASE WHEN dead.unknown AND dead.watched THEN ` + notifyEnded + ` END,
 	dead.claim, t.expires_at - now(), t.state, t.token, t.endpoint, t.fingerprint, t.status, t.headers, t.body,
@@ -132,7 +132,7 @@ RETURNING CASE WHEN dead.unknown AND dead.watched THEN ` + notifyEnded + ` END,
 
 		complete: names.Replace(`UPDATE {table} SET state = 'completed', status = $3, headers = $4, body = $5,
 	truncated = $6, outcome_unknown = $7, sealed = $8,
-	expires_at = now() + ` + asInterval(`$9::bigint`) + `, reap_at = now() + ` + asInterval(`$9::bigint`) + `
+	expires_at = now() + ` + asInterval(`$9::bigint`) + `, reap_at = NULL
 WHERE ` + owned + ended),
 
 		release: names.Replace(`DELETE FROM {table} WHERE ` + owned + ended),
@@ -148,8 +148,8 @@ WHERE key = $1 AND state <> 'completed' AND ` + isLive),
 		// A TID scan deletes the batch the index found. The outer recheck
 		// keeps a row taken over since the inner SELECT.
 		reap: names.Replace(`DELETE FROM {table}
-WHERE ctid = ANY (ARRAY(SELECT ctid FROM {table} WHERE reap_at <= now() LIMIT $1))
-AND reap_at <= now()`),
+WHERE ctid = ANY (ARRAY(SELECT ctid FROM {table} WHERE ` + reapTime + ` <= now() LIMIT $1))
+AND ` + reapTime + ` <= now()`),
 
 		lookup: names.Replace(`SELECT expires_at, state, token, endpoint, fingerprint, status, headers, body, truncated,
 	outcome_unknown, sealed, created_at

@@ -30,8 +30,8 @@ func TestKeyStatementsUseThePrimaryKey(t *testing.T) {
 			s := storetest.Provision(t, &Store{DSN: shared.DSN(), Table: newTable()})
 			fill(t, s, stats.expired, stats.live)
 			sqlExec(t, shared.DSN(), `ANALYZE `+s.db.qualified+`;
-				INSERT INTO `+s.db.qualified+` (key, state, token, endpoint, fingerprint, expires_at, reap_at)
-				SELECT sha256(('claim' || i)::bytea), 'in_progress', '\x00'::bytea, 'GET /', '\x00'::bytea, now() + interval '1 minute', now() + interval '1 day'
+				INSERT INTO `+s.db.qualified+` (key, state, token, endpoint, fingerprint, expires_at)
+				SELECT sha256(('claim' || i)::bytea), 'in_progress', '\x00'::bytea, 'GET /', '\x00'::bytea, now() + interval '1 minute'
 				FROM generate_series(1, 100) AS i`)
 			checkPlans(t, s)
 		})
