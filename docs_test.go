@@ -231,7 +231,9 @@ Types: a **duration** is a Go duration string such as ` + "`\"30s\"`" + `
 (Caddy also accepts ` + "`d`" + ` for days) or an integer of nanoseconds; sizes
 are integers of bytes. Strings that the descriptions say take placeholders
 accept Caddy's global ones, such as ` + "`{env.NAME}`" + `. A field left out takes its
-default; **—** means none: the field is empty.
+default; **—** means none: the field is empty. A list is left out or holds
+at least one value: an empty list (` + "`[]`" + `) is a config error that names
+the field, never "none of them".
 
 `)
 	for _, m := range refModules {

@@ -321,6 +321,24 @@ func (o *Options) inherit(d *Options) {
 // no I/O and compiles nothing: the fingerprint_ignore pointers are
 // compiled by Provision.
 func (o *Options) check() error {
+	// One rule for every list: left out, it has its default; given, it
+	// holds at least one value. An empty list would otherwise say, without
+	// a word, "protect no method" or "release no status".
+	for _, l := range []struct {
+		opt   string
+		empty bool
+	}{
+		{"methods", o.Methods != nil && len(o.Methods) == 0},
+		{"release_statuses", o.ReleaseStatuses != nil && len(o.ReleaseStatuses) == 0},
+		{"fingerprint_ignore", o.FingerprintIgnore != nil && len(o.FingerprintIgnore) == 0},
+		{"fingerprint_only", o.FingerprintOnly != nil && len(o.FingerprintOnly) == 0},
+		{"fingerprint_headers", o.FingerprintHeaders != nil && len(o.FingerprintHeaders) == 0},
+		{"encryption_keys", o.EncryptionKeys != nil && len(o.EncryptionKeys) == 0},
+	} {
+		if l.empty {
+			return fmt.Errorf("%s: an empty list; leave the option out for its default, or name at least one value", l.opt)
+		}
+	}
 	for _, h := range []struct{ opt, name string }{
 		{"key_header", o.KeyHeader}, {"forward_key", o.ForwardKey}, {"replay_header", o.ReplayHeader},
 		{"expiry_header", o.ExpiryHeader},
