@@ -46,7 +46,7 @@ var fingerprintModes = map[string]fingerprintMode{
 type payload struct {
 	mode    fingerprintMode
 	ignore  *canonjson.Ignore // json mode's fingerprint_ignore; nil when none
-	only    [][]string        // json mode's fingerprint_only pointers; nil when none
+	only    *selection        // json mode's fingerprint_only; nil when none
 	headers []string          // fingerprint_headers, canonical, sorted, each once
 }
 
@@ -56,7 +56,7 @@ func newPayload(mode string, ignore, only, headers []string) (payload, error) {
 	p := payload{mode: fingerprintModes[mode]}
 	if p.mode == modeJSON && len(only) > 0 {
 		var err error
-		if p.only, err = compileOnly(only); err != nil {
+		if p.only, err = newSelection(only); err != nil {
 			return p, fmt.Errorf("fingerprint_only: %w", err)
 		}
 	}

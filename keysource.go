@@ -1,11 +1,9 @@
 package idempotency
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
 	"net/http"
-	"strconv"
+	"slices"
 
 	"github.com/caddy-idempotency/caddy-idempotency/internal/canonjson"
 )
@@ -29,7 +27,7 @@ type KeyFrom struct {
 type keySource struct {
 	header  string   // canonical header name; "" when the key is elsewhere
 	query   string   // query parameter
-	pointer []string // JSON pointer's tokens, unescaped; nil when not from the body
+	member  *selection // the JSON member's pointer; nil when not from the body
 	where   string   // for the problems: "the Idempotency-Key request header"
 	what    string   // "The Idempotency-Key header"
 }
@@ -40,11 +38,14 @@ func newKeySource(header string, from *KeyFrom) (keySource, error) {
 		return keySource{query: from.Query,
 			where: "the " + from.Query + " query parameter", what: "The " + from.Query + " query parameter"}, nil
 	case from != nil && from.JSON != "":
-		tokens, err := canonjson.ParsePointer(from.JSON)
+		member, err := newSelection([]string{from.JSON})
 		if err != nil {
 			return keySource{}, fmt.Errorf("key_from json: %w", err)
 		}
-		return keySource{pointer: tokens,
+		if slices.Contains(member.pointers[0], "*") {
+			return keySource{}, fmt.Errorf("key_from json: %s names more than one member: * matches every member, as in fingerprint_ignore", from.JSON)
+		}
+		return keySource{member: member,
 			where: "the " + from.JSON + " member of its JSON body, a string", what: "The " + from.JSON + " member of the JSON body"}, nil
 	}
 	return keySource{header: header,
@@ -52,7 +53,7 @@ func newKeySource(header string, from *KeyFrom) (keySource, error) {
 }
 
 // fromBody says that the key is in the body, which must be read first.
-func (k *keySource) fromBody() bool { return k.pointer != nil }
+func (k *keySource) fromBody() bool { return k.member != nil }
 
 // values are the key's values in r; body is r's buffered body when the key
 // is in it.
@@ -63,35 +64,19 @@ func (k *keySource) values(r *http.Request, body []byte) []string {
 	case k.query != "":
 		return r.URL.Query()[k.query]
 	}
-	if v, ok := jsonMember(body, k.pointer); ok {
+	if v, ok := jsonMember(body, k.member); ok {
 		return []string{v}
 	}
 	return nil
 }
 
-// jsonMember is the string at pointer in body, a JSON document; ok is
-// false when body is not JSON or the member is not there.
-func jsonMember(body []byte, pointer []string) (string, bool) {
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.UseNumber()
-	var v any
-	if dec.Decode(&v) != nil || dec.More() {
+// jsonMember is the string that member's pointer names in body, a JSON
+// document; ok is false when body is not JSON or the member is not there.
+func jsonMember(body []byte, member *selection) (string, bool) {
+	doc, ok := canonjson.Parse(body, member.filter)
+	if !ok {
 		return "", false
 	}
-	for _, tok := range pointer {
-		switch node := v.(type) {
-		case map[string]any:
-			v = node[tok]
-		case []any:
-			i, err := strconv.Atoi(tok)
-			if err != nil || i < 0 || i >= len(node) || tok != strconv.Itoa(i) {
-				return "", false
-			}
-			v = node[i]
-		default:
-			return "", false
-		}
-	}
-	s, ok := v.(string)
-	return s, ok
+	defer doc.Close()
+	return doc.Member(member.pointers[0])
 }

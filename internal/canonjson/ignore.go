@@ -17,7 +17,15 @@ import (
 // decoded key, and nothing at all below a path that no pointer can reach.
 type Ignore struct {
 	states []state
+	// only inverts the pointers: they name what is kept, and everything
+	// off their paths is left out (CompileOnly).
+	only bool
 }
+
+// dropped is the state under a value that is left out: everything below it
+// is left out too, each member and element as soon as it is read, so that
+// a large value left out never fills the scratch space.
+const dropped = -2
 
 // state is one node of the automaton: the set of pointer prefixes that the
 // path read so far can still match.
@@ -40,6 +48,20 @@ const maxStates = 1 << 14
 // (the whole document) is refused: a document with nothing left would be
 // one fingerprint for every body.
 func Compile(pointers []string) (*Ignore, error) {
+	return compile(pointers, false)
+}
+
+// CompileOnly compiles pointers, with * as in Compile, into the complement:
+// the canonical form keeps the values they match and the objects and
+// arrays on the way to them, and leaves out everything else. An array
+// keeps its length: an element left out becomes a null, so that an index
+// still names its element. It is what Parse takes to read a few values of
+// a large document without canonicalising the rest.
+func CompileOnly(pointers []string) (*Ignore, error) {
+	return compile(pointers, true)
+}
+
+func compile(pointers []string, only bool) (*Ignore, error) {
 	nodes := []trieNode{{}} // the root
 	for _, ptr := range pointers {
 		tokens, err := ParsePointer(ptr)
@@ -61,7 +83,11 @@ func Compile(pointers []string) (*Ignore, error) {
 		}
 		nodes[n].end = true
 	}
-	return build(nodes)
+	ign, err := build(nodes)
+	if ign != nil {
+		ign.only = only
+	}
+	return ign, err
 }
 
 // ParsePointer splits an RFC 6901 pointer into its unescaped tokens.
@@ -182,7 +208,7 @@ func (ign *Ignore) start() int32 {
 // state st, and whether the member is left out.
 func (ign *Ignore) member(st int32, key []byte) (next int32, drop bool) {
 	if st < 0 {
-		return -1, false
+		return st, st == dropped
 	}
 	s := &ign.states[st]
 	next, ok := s.tokens[string(key)]
@@ -195,7 +221,7 @@ func (ign *Ignore) member(st int32, key []byte) (next int32, drop bool) {
 // element is member for the element at index i of an array.
 func (ign *Ignore) element(st int32, i int) (next int32, drop bool) {
 	if st < 0 {
-		return -1, false
+		return st, st == dropped
 	}
 	s := &ign.states[st]
 	next = s.other
@@ -208,9 +234,22 @@ func (ign *Ignore) element(st int32, i int) (next int32, drop bool) {
 	return ign.follow(next)
 }
 
+// follow interprets the state a member or element leads to. -1 keeps
+// everything below; a state whose pointer ends there is left out, or with
+// only, kept whole, and a state no pointer reaches is left out with only.
 func (ign *Ignore) follow(next int32) (int32, bool) {
-	if next >= 0 && ign.states[next].drop {
-		return -1, true
+	end := next >= 0 && ign.states[next].drop
+	switch {
+	case ign.only && next < 0:
+		return dropped, true
+	case ign.only && end:
+		return -1, false
+	case end:
+		return dropped, true
 	}
 	return next, false
 }
+
+// holes says whether an array element left out leaves a null in its
+// place, under an array read in state st.
+func (ign *Ignore) holes(st int32) bool { return ign != nil && ign.only && st != dropped }

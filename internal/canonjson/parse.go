@@ -232,6 +232,9 @@ func (p *parser) array(st int32) bool {
 			}
 			if drop {
 				p.rollback(at)
+				if p.ign.holes(st) {
+					p.buf = append(p.buf, tagNull)
+				}
 			}
 			p.skipSpace()
 			if p.pos >= len(p.in) {
