@@ -25,11 +25,11 @@ type KeyFrom struct {
 // keySource reads the key's values where the options say: the header's
 // values, the query parameter's, or the JSON member's (none or one).
 type keySource struct {
-	header  string   // canonical header name; "" when the key is elsewhere
-	query   string   // query parameter
-	member  *selection // the JSON member's pointer; nil when not from the body
-	where   string   // for the problems: "the Idempotency-Key request header"
-	what    string   // "The Idempotency-Key header"
+	header string     // canonical header name; "" when the key is elsewhere
+	query  string     // query parameter
+	member *selection // the JSON member's pointer; nil when not from the body
+	where  string     // for the problems: "the Idempotency-Key request header"
+	what   string     // "The Idempotency-Key header"
 }
 
 func newKeySource(header string, from *KeyFrom) (keySource, error) {
