@@ -21,14 +21,15 @@ import (
 // release, keepUnknown, and their retries in the background). A duplicate
 // waits in wait.go; a retry is answered from its record in replay.go.
 type attempt struct {
-	h     *Handler
-	w     http.ResponseWriter
-	r     *http.Request
-	repl  *caddy.Replacer
-	next  caddyhttp.Handler
-	key   store.Key
-	body  *bufferedBody // when read for the key; the caller releases it
-	claim store.Claim
+	h        *Handler
+	w        http.ResponseWriter
+	r        *http.Request
+	repl     *caddy.Replacer
+	next     caddyhttp.Handler
+	key      store.Key
+	body     []byte // when read for the key (bodyRead)
+	bodyRead bool
+	claim    store.Claim
 }
 
 func (a *attempt) result(res result) { a.h.metrics.publish(a.repl, res) }
@@ -66,7 +67,6 @@ func (a *attempt) storeFailed(err error) error {
 		a.result(resultError)
 		h.logger.Warn("idempotency store unavailable; passing the request through unprotected (fail_open)",
 			zap.String("key_hash", a.key.String()), zap.Error(err))
-		handOn(a.r)
 		return a.next.ServeHTTP(a.w, a.r)
 	}
 	h.logger.Error("idempotency store unavailable; refusing the request (fail_closed)",
@@ -117,7 +117,6 @@ func (a *attempt) run() (err error) {
 			panic(p)
 		}
 	}()
-	handOn(a.r)
 	err = a.next.ServeHTTP(rw, a.r.WithContext(ctx))
 	if err == nil && !rw.wroteHeader && ctx.Err() != nil {
 		// reverse_proxy before Caddy v2.11 returns nothing when its work is

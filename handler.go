@@ -33,7 +33,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if h.key.fromBody() {
 		return h.serveBodyKey(w, r, next, repl)
 	}
-	return h.serveKey(w, r, next, repl, values, nil)
+	return h.serveKey(w, r, next, repl, values, nil, false)
 }
 
 // serveBodyKey reads the body first, for the key it holds.
@@ -46,18 +46,17 @@ func (h *Handler) serveBodyKey(w http.ResponseWriter, r *http.Request, next cadd
 		a := &attempt{h: h, w: w, r: r, repl: repl, next: next}
 		return a.refuse(problemTooLarge)
 	}
-	defer body.release()
-	return h.serveKey(w, r, next, repl, h.key.values(r, body.contents()), body)
+	return h.serveKey(w, r, next, repl, h.key.values(r, body), body, true)
 }
 
 // serveKey checks the key's values and the scope, and claims the key;
-// body is the request's buffered body, if it was read for the key.
-func (h *Handler) serveKey(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, values []string, body *bufferedBody) error {
+// body is the request's buffered body, if read for the key (bodyRead).
+func (h *Handler) serveKey(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, values []string, body []byte, bodyRead bool) error {
 	if len(values) == 0 && !h.Required {
 		h.metrics.publish(repl, resultBypass)
 		return next.ServeHTTP(w, r)
 	}
-	a := &attempt{h: h, w: w, r: r, repl: repl, next: next, body: body}
+	a := &attempt{h: h, w: w, r: r, repl: repl, next: next, body: body, bodyRead: bodyRead}
 	switch {
 	case len(values) == 0:
 		return a.refuse(problemMissingKey)
@@ -88,7 +87,7 @@ func (a *attempt) claimKey() error {
 	defer h.holds.Give()
 
 	body := a.body
-	if body == nil && h.payload.mode != modeNone { // else the body streams on, unread
+	if !a.bodyRead && h.payload.mode != modeNone { // else the body streams on, unread
 		var tooLarge bool
 		var err error
 		if body, tooLarge, err = readBody(r, h.MaxRequestBody); err != nil {
@@ -97,7 +96,6 @@ func (a *attempt) claimKey() error {
 		if tooLarge {
 			return a.refuse(problemTooLarge)
 		}
-		defer body.release()
 	}
 
 	a.repl.Set("http.idempotency.key", a.key) // hex-encoded only if a log asks
@@ -107,7 +105,7 @@ func (a *attempt) claimKey() error {
 	a.claim = store.Claim{
 		Token:       newToken(),
 		Endpoint:    endpointOf(h.Endpoint, r, a.repl),
-		Fingerprint: h.payload.of(r, body.contents()),
+		Fingerprint: h.payload.of(r, body),
 		Lease:       h.lease,
 		TTL:         h.ttl,
 		KeepUnknown: h.OnUnknownOutcome == unknownKeep,
