@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 )
 
@@ -63,6 +64,26 @@ func TestExpiryAndReplayHeadersConfig(t *testing.T) {
 	for _, in := range []string{"replay_header X sometimes", "replay_header", "expiry_header"} {
 		if err := new(Handler).UnmarshalCaddyfile(caddyfile.NewTestDispenser("idempotency {\n " + in + "\n}")); err == nil {
 			t.Errorf("%s: no error", in)
+		}
+	}
+}
+
+// A first answer that the next handler leaves empty (Caddy's implicit empty
+// 200) is an answer like any: it carries replay_header ... always and
+// expiry_header, as its replay does.
+func TestEmptyFirstAnswerIsMarked(t *testing.T) {
+	h := provision(t, storeConfigs[0].raw(t), func(h *Handler) {
+		h.ReplayHeader, h.ReplayHeaderAlways, h.ExpiryHeader = "Idempotent-Replayed", true, "Idempotency-Expires"
+	})
+	empty := caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil })
+	for _, want := range []string{"false", "true"} {
+		r := do(h, empty, post("/orders", "empty-200", "x"))
+		wantStatus(t, r, http.StatusOK)
+		if got := r.Header().Get("Idempotent-Replayed"); got != want {
+			t.Errorf("Idempotent-Replayed = %q, want %q", got, want)
+		}
+		if r.Header().Get("Idempotency-Expires") == "" {
+			t.Errorf("the answer (replayed %s) has no Idempotency-Expires", want)
 		}
 	}
 }

@@ -118,11 +118,17 @@ func (a *attempt) run() (err error) {
 		}
 	}()
 	err = a.next.ServeHTTP(rw, a.r.WithContext(ctx))
-	if err == nil && !rw.wroteHeader && ctx.Err() != nil {
+	if err == nil && !rw.wroteHeader {
+		// The server would answer an empty 200 once this handler returns;
+		// written here, it is marked as every first answer is. But
 		// reverse_proxy before Caddy v2.11 returns nothing when its work is
-		// cancelled; write the 499 later ones do, or it would pass for an
+		// cancelled: write the 499 later ones do, or it would pass for an
 		// empty 200.
-		rw.WriteHeader(statusClientClosed)
+		status := http.StatusOK
+		if ctx.Err() != nil {
+			status = statusClientClosed
+		}
+		rw.WriteHeader(status)
 	}
 	h.leases.stop(lease) // before finishing, so a last renewal cannot race the release
 	a.finish(after, rw, err, false)
