@@ -36,6 +36,10 @@ const (
 
 var defaultMethods = []string{http.MethodPost, http.MethodPatch}
 
+// maxDuration bounds ttl, lock_timeout and max_wait: a record's end, now
+// plus both, must stay within what a time in nanoseconds holds (until 2262).
+const maxDuration = 100 * 365 * 24 * time.Hour
+
 // defaultReleaseStatuses answer a request that was not carried out: the
 // caller must authenticate (401, 407), the server gave up waiting for the
 // request (408), would not risk a replay of early data (425), or limits
@@ -161,13 +165,14 @@ type Options struct {
 	// lines of one header count in their order. Names are case-insensitive.
 	FingerprintHeaders []string `json:"fingerprint_headers,omitempty"`
 
-	// TTL is how long a completed response is replayed. Default: 24h.
+	// TTL is how long a completed response is replayed, at most 100 years.
+	// Default: 24h.
 	TTL caddy.Duration `json:"ttl,omitempty"`
 
 	// LockTimeout is the lease of an in-flight claim: while the request
 	// runs it is renewed every third of this; if its owner dies, a retry
-	// takes the key over once the lease has passed. At least 1s.
-	// Default: 30s.
+	// takes the key over once the lease has passed. At least 1s, at most
+	// 100 years. Default: 30s.
 	LockTimeout caddy.Duration `json:"lock_timeout,omitempty"`
 
 	// MaxRequestBody is the largest request body, in bytes, that is
@@ -194,7 +199,7 @@ type Options struct {
 	OnConflict string `json:"on_conflict,omitempty"`
 
 	// MaxWait bounds how long a duplicate waits with on_conflict wait; it
-	// must then be positive.
+	// must then be positive, and at most 100 years.
 	MaxWait caddy.Duration `json:"max_wait,omitempty"`
 
 	// OnUnknownOutcome is what happens to the key of a request that was
@@ -383,6 +388,14 @@ func (o *Options) check() error {
 	for _, name := range o.FingerprintHeaders {
 		if !validToken(name) {
 			return fmt.Errorf("fingerprint_headers: invalid header name %q", name)
+		}
+	}
+	for _, d := range []struct {
+		opt string
+		d   caddy.Duration
+	}{{"ttl", o.TTL}, {"lock_timeout", o.LockTimeout}, {"max_wait", o.MaxWait}} {
+		if time.Duration(d.d) > maxDuration {
+			return fmt.Errorf("%s: %v is more than 100 years", d.opt, time.Duration(d.d))
 		}
 	}
 	switch {
