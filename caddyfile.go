@@ -50,7 +50,15 @@ import (
 // Provision and Validate.
 func (o *Options) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	const maxBodyLimit = 1 << 40 // 1 TiB: bodies are buffered in memory, so more is a mistake
+	keyPlaced := false // key_header and key_from both say where the key is: one may
 	return cfarg.Block(d, nil, func(opt string) (err error) {
+		switch opt {
+		case "key_header", "key_from":
+			if keyPlaced {
+				return d.Errf("%s: the key's place is named already (key_header or key_from): use one", opt)
+			}
+			keyPlaced = true
+		}
 		switch opt {
 		case "key_header":
 			o.KeyHeader, err = cfarg.One(d, opt)

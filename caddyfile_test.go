@@ -230,6 +230,10 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		{"idempotency {\n store memory\n store memory\n}", "store already specified"},
 		{"idempotency {\n store redis {\n  db x\n }\n}", "db"},
 		{"idempotency {\n store redis {\n  colour blue\n }\n}", "unrecognized subdirective 'colour'"},
+		// Two names for the key's header: neither may silently win.
+		{"idempotency {\n key_from header X-A\n key_header X-B\n}", "key_header: the key's place is named already"},
+		{"idempotency {\n key_header X-B\n key_from header X-A\n}", "key_from: the key's place is named already"},
+		{"idempotency {\n key_from json /id\n key_header X-B\n}", "key_header: the key's place is named already"},
 	} {
 		err := new(Handler).UnmarshalCaddyfile(caddyfile.NewTestDispenser(tc.in))
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
