@@ -16,6 +16,8 @@ import (
 	"text/tabwriter"
 	"time"
 	"unicode"
+	"unicode/utf16"
+	"unicode/utf8"
 
 	"github.com/caddyserver/caddy/v2"
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
@@ -307,8 +309,29 @@ func (o *cliOptions) printJSON(raw []byte, err error) error {
 	if !bytes.HasSuffix(buf.Bytes(), []byte("\n")) {
 		buf.WriteByte('\n')
 	}
-	_, err = o.out.Write(buf.Bytes())
+	_, err = o.out.Write(jsonPrintable(buf.Bytes()))
 	return err
+}
+
+// jsonPrintable escapes, as JSON does, the characters that the API's
+// encoder leaves raw in strings but that would act on a terminal (C1
+// controls, bidirectional overrides and other format characters), as
+// printable does for the tables. Outside strings an indented answer holds
+// only printable characters, spaces and newlines.
+func jsonPrintable(b []byte) []byte {
+	var out []byte
+	for _, r := range string(b) {
+		switch {
+		case r == '\n' || unicode.IsPrint(r):
+			out = utf8.AppendRune(out, r)
+		case r > 0xffff:
+			r1, r2 := utf16.EncodeRune(r)
+			out = fmt.Appendf(out, `\u%04x\u%04x`, r1, r2)
+		default:
+			out = fmt.Appendf(out, `\u%04x`, r)
+		}
+	}
+	return out
 }
 
 // call sends a request to the admin API, with the store parameter, and

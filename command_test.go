@@ -440,4 +440,15 @@ func TestCommandEscapesControlBytes(t *testing.T) {
 		}
 		wantContains(t, out, `POST h/\x1b[2J\x1b]0;owned\a\r\n\u009b31m\u202e/x\\y`)
 	}
+	// --json too: the endpoint is JSON-escaped, bidirectional overrides and
+	// C1 controls included, and decodes back to what the client sent.
+	for _, args := range [][]string{{"stuck", admin, "--older-than=0s", "--json"}, {"inspect", admin, "evil", "--json"}} {
+		out := mustCLI(t, args...)
+		if strings.ContainsAny(out, "\x1b\x07\r\u009b\u202e") {
+			t.Errorf("%s --json printed control or format characters: %q", args[0], out)
+		}
+		if !strings.Contains(out, `\u202e`) || !json.Valid([]byte(out)) {
+			t.Errorf("%s --json = %q, want valid JSON with the override escaped", args[0], out)
+		}
+	}
 }
