@@ -60,7 +60,7 @@ func TestDecodeBody(t *testing.T) {
 		{[]string{"br"}, []byte("anything"), false},
 		{[]string{"gzip"}, []byte("not gzip"), false},
 	} {
-		got, ok := decodeBody(tc.codings, tc.body)
+		got, ok := decoded(tc.codings, tc.body)
 		if ok != tc.ok || (ok && !bytes.Equal(got, plain)) {
 			t.Errorf("%q: ok %t, %d bytes; want ok %t", tc.codings, ok, len(got), tc.ok)
 		}
@@ -71,8 +71,15 @@ func TestDecodeBody(t *testing.T) {
 	zw, _ := zstd.NewWriter(&outer)
 	zw.Write(inner)
 	zw.Close()
-	got, _ := decodeBody([]string{"gzip, zstd"}, outer.Bytes())
+	got, _ := decoded([]string{"gzip, zstd"}, outer.Bytes())
 	if !bytes.Equal(got, plain) {
 		t.Errorf("gzip, zstd: not decoded in reverse order")
 	}
+}
+
+// decoded is body with codings undone, as a replay writes it.
+func decoded(codings []string, body []byte) ([]byte, bool) {
+	var out bytes.Buffer
+	n, err := copyDecoded(&out, codings, body, maxDecodedBody+1)
+	return out.Bytes(), err == nil && n <= maxDecodedBody
 }

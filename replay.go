@@ -1,6 +1,7 @@
 package idempotency
 
 import (
+	"bufio"
 	"bytes"
 	"compress/flate"
 	"compress/gzip"
@@ -38,24 +39,24 @@ func (a *attempt) replay(rec *store.Record) error {
 	case rec.Truncated:
 		return a.refuse(problemUnreplayable)
 	}
-	body, decoded := rec.Body, false
+	body, length := rec.Body, int64(len(rec.Body))
 	bodyless := !bodyAllowed(rec.Status)
+	// codings are those to undo for this retry, which does not accept them
+	codings := rec.Header["Content-Encoding"]
 	if bodyless {
 		// a record may hold one all the same (the recorder stores none),
 		// which net/http would refuse
-		body = nil
-	} else if codings := rec.Header["Content-Encoding"]; len(codings) > 0 && !acceptsCodings(a.r.Header["Accept-Encoding"], codings) {
-		if ok, err := a.awaitDecodeSlot(); !ok {
+		body, length, codings = nil, 0, nil
+	} else if len(codings) > 0 && !acceptsCodings(a.r.Header["Accept-Encoding"], codings) {
+		var ok bool
+		var err error
+		if length, ok, err = a.decodedLength(codings, body); !ok {
 			return err
 		}
-		// held until the body is written: until then it is in memory
-		defer func() { <-decodeSlots }()
-		var ok bool
-		if body, ok = decodeBody(codings, body); !ok {
-			return a.refuse(problemNotAcceptable)
-		}
-		decoded = true
+	} else {
+		codings = nil
 	}
+	decoded := codings != nil
 	a.result(resultReplay)
 	hdr := a.w.Header()
 	trailers := replayHeader(hdr, rec.Header, decoded)
@@ -69,13 +70,19 @@ func (a *attempt) replay(rec *store.Record) error {
 		// chunked, with room for the trailers
 		hdr["Trailer"] = []string{strings.Join(trailers, ", ")}
 	default:
-		hdr["Content-Length"] = []string{strconv.Itoa(len(body))}
+		hdr["Content-Length"] = []string{strconv.FormatInt(length, 10)}
 	}
 	a.w.WriteHeader(rec.Status)
 	if bodyless {
 		return nil
 	}
-	if _, err := a.w.Write(body); err != nil {
+	var err error
+	if decoded {
+		err = writeDecoded(a.w, codings, body, length)
+	} else {
+		_, err = a.w.Write(body)
+	}
+	if err != nil {
 		// the client left during a replay; it can retry again
 		panic(http.ErrAbortHandler)
 	}
@@ -124,42 +131,57 @@ func replayTrailers(dst, stored http.Header) {
 // retry does not accept is replayed decoded (gzip, deflate, zstd); one in
 // a coding this handler cannot decode (br, ...) is refused with 406.
 
-// maxDecodedBody bounds what a replay decodes into memory: a stored body
-// is at most max_response_body, but compression can multiply it.
+// maxDecodedBody bounds what a replay decodes: a stored body is at most
+// max_response_body, but compression can multiply it.
 const maxDecodedBody = 64 << 20
 
-// maxDecodes bounds the replays that hold a decoded body at once, in the
-// whole process (memory is the process's, whatever the handler or config
-// generation): each may hold maxDecodedBody, twice that as its buffer
-// grows, until its client has read it, and nothing is cached, so fifty
-// retries of one record would hold fifty copies. Four keep the worst case
-// to a few hundred MiB and still use a small machine's cores, decoding
-// being CPU work; a replay in a coding its retry accepts, the usual one,
-// takes no slot.
+// A body is decoded twice: once to learn its length and that it decodes
+// (else 406, before anything is sent), with nothing kept, and once as it
+// is written, paced by the client, so that no replay holds a decoded body
+// in memory and a client that reads slowly holds nothing another needs.
+
+// maxDecodes bounds the first decodes that run at once in the process:
+// each is CPU work, up to maxDecodedBody, and four use a small machine's
+// cores without starving the rest. A replay in a coding its retry
+// accepts, the usual one, takes no slot.
 const maxDecodes = 4
 
 var decodeSlots = make(chan struct{}, maxDecodes)
 
 // decodeWait is how long a replay waits for a decode slot before its
 // client gets 503 and Retry-After (a variable for the tests): a decode
-// takes a fraction of it, so a wait that runs out means slow readers
-// hold the slots, and the client is better told to come back.
+// takes a fraction of it, so a wait that runs out means many decodes.
 var decodeWait = time.Second
 
-// awaitDecodeSlot takes a decode slot, waiting up to decodeWait while the
-// client is there. It reports false once it has answered instead: 503
-// when the wait ran out, 499 (for the access log) when the client left.
-func (a *attempt) awaitDecodeSlot() (bool, error) {
+// decodedLength decodes body, in a decode slot, to learn its decoded
+// length. It reports false once it has answered instead: 503 when no slot
+// came free in time, 499 (for the access log) when the client left, 406
+// when body cannot be decoded.
+func (a *attempt) decodedLength(codings []string, body []byte) (int64, bool, error) {
 	select {
 	case decodeSlots <- struct{}{}:
-		return true, nil
 	case <-time.After(decodeWait):
-		return false, a.refuse(problemReplayBusy)
+		return 0, false, a.refuse(problemReplayBusy)
 	case <-a.r.Context().Done():
 		a.result(resultGone)
 		a.w.WriteHeader(statusClientClosed)
-		return false, nil
+		return 0, false, nil
 	}
+	n, err := copyDecoded(io.Discard, codings, body, maxDecodedBody+1)
+	<-decodeSlots
+	if err != nil || n > maxDecodedBody {
+		return 0, false, a.refuse(problemNotAcceptable)
+	}
+	return n, true, nil
+}
+
+// writeDecoded writes body decoded, its length known to be length.
+func writeDecoded(w io.Writer, codings []string, body []byte, length int64) error {
+	n, err := copyDecoded(w, codings, body, length)
+	if err == nil && n != length {
+		err = io.ErrUnexpectedEOF
+	}
+	return err
 }
 
 // acceptsCodings reports whether a request with the Accept-Encoding field
@@ -227,56 +249,52 @@ func weight(params string) float64 {
 	return 1
 }
 
-// decodeBody undoes the Content-Encoding lines codings of body, the last
-// applied first. It reports false for a coding it cannot decode, a
-// corrupt body, or one that decodes to more than maxDecodedBody.
-func decodeBody(codings []string, body []byte) ([]byte, bool) {
+// copyDecoded writes to w at most limit bytes of body with the
+// Content-Encoding lines codings undone, the last applied first.
+func copyDecoded(w io.Writer, codings []string, body []byte, limit int64) (int64, error) {
+	var r io.Reader = bytes.NewReader(body)
 	names := codingNames(codings)
 	for i := len(names) - 1; i >= 0; i-- {
 		var err error
-		if body, err = decode(names[i], body); err != nil {
-			return nil, false
+		var closer func()
+		if r, closer, err = decoder(names[i], r); err != nil {
+			return 0, err
 		}
+		defer closer()
 	}
-	return body, true
+	return io.Copy(w, io.LimitReader(r, limit))
 }
 
-func decode(coding string, body []byte) ([]byte, error) {
-	var r io.Reader
+// decoder reads src with coding undone; close frees it.
+func decoder(coding string, src io.Reader) (r io.Reader, close func(), err error) {
 	switch coding {
 	case "gzip", "x-gzip":
-		zr, err := gzip.NewReader(bytes.NewReader(body))
-		if err != nil {
-			return nil, err
-		}
-		r = zr
+		zr, err := gzip.NewReader(src)
+		return zr, func() {}, err
 	case "deflate":
-		// HTTP's deflate is the zlib format; some servers send raw DEFLATE.
-		zr, err := zlib.NewReader(bytes.NewReader(body))
-		if err != nil {
-			r = flate.NewReader(bytes.NewReader(body))
-		} else {
-			r = zr
+		// HTTP's deflate is the zlib format; some servers send raw
+		// DEFLATE: a zlib header is two bytes, told apart without reading on.
+		br := bufio.NewReader(src)
+		if head, err := br.Peek(2); err == nil && zlibHeader(head[0], head[1]) {
+			zr, err := zlib.NewReader(br)
+			return zr, func() {}, err
 		}
+		return flate.NewReader(br), func() {}, nil
 	case "zstd":
-		zr, err := zstd.NewReader(bytes.NewReader(body), zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxMemory(maxDecodedBody))
+		zr, err := zstd.NewReader(src, zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxMemory(maxDecodedBody))
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		defer zr.Close()
-		r = zr
-	default:
-		return nil, errUndecodable
+		return zr, zr.Close, nil
 	}
-	var out bytes.Buffer
-	n, err := io.Copy(&out, io.LimitReader(r, maxDecodedBody+1))
-	switch {
-	case err != nil:
-		return nil, err
-	case n > maxDecodedBody:
-		return nil, errUndecodable
-	}
-	return out.Bytes(), nil
+	return nil, nil, errUndecodable
 }
 
 var errUndecodable = errors.New("content coding cannot be decoded")
+
+// zlibHeader reports whether cmf and flg open a zlib stream that
+// compress/zlib reads: deflate with a window it takes, no preset
+// dictionary, and a header checksum that holds.
+func zlibHeader(cmf, flg byte) bool {
+	return cmf&0x0f == 8 && cmf>>4 <= 7 && flg&0x20 == 0 && (uint16(cmf)<<8|uint16(flg))%31 == 0
+}
