@@ -223,7 +223,8 @@ func (s *Store) Provision(ctx caddy.Context) error {
 		client := goredis.NewUniversalClient(&opts)
 		life, stop := context.WithCancel(context.Background())
 		go watchEviction(life, client, opts.Addrs, s.logger)
-		return &sharedClient{client, newSubscriber(client, cluster, losses, s.logger), newBatcher(life, client), stop}, nil
+		events := newSubscriber(client, cluster, opts.MasterName != "", losses, s.logger)
+		return &sharedClient{client, events, newBatcher(life, client), stop}, nil
 	})
 	if err != nil {
 		s.poolKey = ""

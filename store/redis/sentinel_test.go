@@ -288,3 +288,75 @@ func TestSentinelUnreplicatedClaimIsLost(t *testing.T) {
 		t.Fatalf("the first owner's Complete = %v, want ErrNotOwner", err)
 	}
 }
+
+// After a Sentinel failover, a purge on one instance still evicts the
+// record from another's local tier, and the subscriptions follow the new
+// master. If the old master died, its subscriptions drop with it. If it
+// lives on (SENTINEL FAILOVER; a partition), go-redis moves the commands,
+// and so the purges, to the new master but leaves the Pub/Sub connection on
+// the old one, which hears nothing of them until Sentinel makes it a
+// replica, seconds later: there, only the subscriber's probe (liveness),
+// published to the master and never heard, drops the session and empties
+// the tiers.
+func TestSentinelFailoverPurgeReachesTheTier(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		failover func(t *testing.T, sg *testredis.Sentinel) string
+	}{
+		{"master killed", func(t *testing.T, sg *testredis.Sentinel) string {
+			return sg.WaitFailover(t, sg.KillMaster(t), testredis.FailoverWait)
+		}},
+		{"master demoted", func(t *testing.T, sg *testredis.Sentinel) string {
+			old := sg.MasterAddr(t)
+			// Refused (NOGOODSLAVE) until the Sentinel has seen the
+			// replica's state recently enough.
+			sentinel := sg.Client(sg.SentinelAddrs()[0])
+			waitFor(t, "the Sentinel to accept SENTINEL FAILOVER", func() bool {
+				return sentinel.Do(context.Background(), "SENTINEL", "FAILOVER", sg.MasterName()).Err() == nil
+			})
+			return sg.WaitFailover(t, old, testredis.FailoverWait)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sg := testredis.StartSentinel(t)
+			cached := func(pool int) *Store {
+				return live(t, storetest.Provision(t, failFast(&Store{Addresses: sg.SentinelAddrs(), MasterName: sg.MasterName(),
+					KeyPrefix: "purge", LocalCache: 1 << 20, PoolSize: pool})))
+			}
+			a, b := cached(7), cached(8)
+			master := tc.failover(t, sg)
+			ctx := context.Background()
+			k := storetest.NewKey()
+			waitFor(t, "the store to write to the new master", func() bool {
+				k := storetest.NewKey()
+				_, err := a.Acquire(ctx, k, claim())
+				n, _ := sg.Client(master).Exists(ctx, a.key(k)).Result()
+				return err == nil && n == 1
+			})
+			purgeReaches(t, a, b, k)
+			// Back, the subscriptions are on the new master and hear it.
+			live(t, a)
+			purgeReaches(t, a, b, storetest.NewKey())
+			subs, err := sg.Client(master).Do(ctx, "PUBSUB", "NUMSUB", b.channel).Slice()
+			if err != nil || len(subs) != 2 || subs[1] != int64(2) {
+				t.Fatalf("PUBSUB NUMSUB on the new master = %v, %v; want both instances", subs, err)
+			}
+		})
+	}
+}
+
+// purgeReaches checks that a's purge of k, which b has in its tier, evicts
+// it from b's tier.
+func purgeReaches(t *testing.T, a, b *Store, k store.Key) {
+	t.Helper()
+	complete(t, a, k, "kept", time.Hour)
+	live(t, b)
+	replay(t, b, k)
+	if b.tier.Get(k) == nil {
+		t.Fatal("b's tier did not keep the record it replayed")
+	}
+	if found, err := a.Delete(context.Background(), k); err != nil || !found {
+		t.Fatalf("Delete = %t, %v", found, err)
+	}
+	waitFor(t, "b's tier to drop the purged record", func() bool { return b.tier.Get(k) == nil })
+}

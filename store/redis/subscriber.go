@@ -30,6 +30,7 @@ type subscriber struct {
 
 	// sharded is set on a Cluster until the server refuses SSUBSCRIBE or SPUBLISH.
 	sharded atomic.Bool
+	probe   string // on a Sentinel client, its probe's payload (liveness)
 
 	mu sync.Mutex
 	// channels are never dropped: a client serves few prefixes, and
@@ -42,7 +43,7 @@ type subscriber struct {
 	done     chan struct{}
 }
 
-func newSubscriber(client goredis.UniversalClient, cluster bool, losses *prometheus.CounterVec, logger *zap.Logger) *subscriber {
+func newSubscriber(client goredis.UniversalClient, cluster, sentinel bool, losses *prometheus.CounterVec, logger *zap.Logger) *subscriber {
 	sub := &subscriber{
 		client:   client,
 		losses:   store.NewLossCounter(losses),
@@ -52,6 +53,9 @@ func newSubscriber(client goredis.UniversalClient, cluster bool, losses *prometh
 		done:     make(chan struct{}),
 	}
 	sub.sharded.Store(cluster)
+	if sentinel {
+		sub.probe = newProbe()
+	}
 	return sub
 }
 
@@ -160,14 +164,16 @@ func (sub *subscriber) session() (wasLive bool, err error) {
 		return false, err
 	}
 
-	pinged := false
+	live := liveness{ps: ps, client: sub.client, probe: sub.probe}
+	if sub.probe != "" && len(names) > 0 {
+		live.channel = names[0]
+	}
 	for {
-		msg, err := ps.ReceiveTimeout(ctx, store.PingAfter)
+		msg, err := ps.ReceiveTimeout(ctx, live.timeout())
 		var netErr net.Error
 		switch {
-		case errors.As(err, &netErr) && netErr.Timeout() && !pinged:
-			pinged = true
-			if err := ps.Ping(ctx); err != nil {
+		case errors.As(err, &netErr) && netErr.Timeout():
+			if err := live.expired(ctx); err != nil {
 				return wasLive, err
 			}
 			continue
@@ -176,8 +182,9 @@ func (sub *subscriber) session() (wasLive bool, err error) {
 				sub.logger.Info("the Redis Cluster refuses sharded Pub/Sub; using plain Pub/Sub", zap.Error(err))
 			}
 			return wasLive, err
+		case live.answered(msg):
+			continue
 		}
-		pinged = false
 		switch m := msg.(type) {
 		case *goredis.Message:
 			sub.deliver(m.Channel, m.Payload)
