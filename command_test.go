@@ -124,14 +124,14 @@ http://localhost:9680 {
 	handle {
 		idempotency {
 			store memory {
-				max_entries 9680
+				name cli-9680
 			}
 		}
 		reverse_proxy %[1]s
 	}
 }`, upstream.Listener.Addr()), "caddyfile")
 
-	const name = "memory (9680 records, 256MiB)"
+	const name = "cli-9680"
 	admin := "--address=localhost:2999"
 	post := func(path, key string) *http.Response {
 		t.Helper()
@@ -380,7 +380,7 @@ http://localhost:9718 {
 	idempotency {
 		scope {http.request.header.X-Tenant}
 		store memory {
-			max_entries 9718
+			name cli-9718
 		}
 	}
 	reverse_proxy %s
@@ -394,7 +394,7 @@ http://localhost:9718 {
 
 	admin := "--address=localhost:2999"
 	hash := store.NewKey(rawScope, rawKey).String()
-	name := "--store=memory (9718 records, 256MiB)"
+	name := "--store=cli-9718"
 	wantContains(t, mustCLI(t, "inspect", admin, name, "--scope", rawScope, "--key", rawKey), "key         "+hash)
 	wantContains(t, mustCLI(t, "inspect", admin, name, "--scope", rawScope, rawKey), "key         "+hash)
 	wantContains(t, mustCLI(t, "inspect", admin, name, "--scope", rawScope, `"`+rawKey+`"`), "key         "+hash) // the RFC 8941 spelling

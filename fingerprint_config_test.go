@@ -143,7 +143,7 @@ func TestFingerprintJSONInCaddy(t *testing.T) {
 		fingerprint_ignore /sent_at
 		fingerprint_headers X-Account-Id
 		store memory {
-			max_entries 100999
+			name fingerprint-config
 		}
 	}
 }

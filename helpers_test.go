@@ -62,7 +62,7 @@ var storeConfigs = []struct {
 }{
 	{"memory", func(t *testing.T) json.RawMessage {
 		// A table of its own, so tests never share keys through the pool.
-		return json.RawMessage(`{"module":"memory","max_entries":` + itoa(100000+testSeq.Add(1)) + `}`)
+		return json.RawMessage(`{"module":"memory","name":"memory-` + itoa(testSeq.Add(1)) + `"}`)
 	}},
 	{"redis", func(t *testing.T) json.RawMessage {
 		srv := testredis.Start(t)
@@ -142,7 +142,7 @@ func registeredNames() []string {
 // openMemory provisions a memory store with a table of its own.
 func openMemory(t *testing.T) *memory.Memory {
 	t.Helper()
-	m := &memory.Memory{MaxEntries: int(200000 + testSeq.Add(1))}
+	m := &memory.Memory{Name: "memory-" + itoa(testSeq.Add(1))}
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 	t.Cleanup(cancel)
 	if err := m.Provision(ctx); err != nil {

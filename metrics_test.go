@@ -125,11 +125,11 @@ func TestMetricsCountTakeovers(t *testing.T) {
 func TestMetricsLabelStoresByName(t *testing.T) {
 	for _, tc := range []struct{ raw, label string }{
 		{`{"module":"memory","max_entries":9711,"name":"metrics test"}`, "metrics test"},
-		{`{"module":"memory","max_entries":9712}`, "memory (9712 records, 256MiB)"},
+		{`{"module":"memory","max_entries":9712}`, "memory"},
 	} {
 		h := provision(t, json.RawMessage(tc.raw), nil)
 		before := observations(t, tc.label, "acquire")
-		wantStatus(t, do(h, &backend{}, post("/m", "k", "x")), 201)
+		wantStatus(t, do(h, &backend{}, post("/m", "metrics-"+itoa(testSeq.Add(1)), "x")), 201)
 		if got := observations(t, tc.label, "acquire") - before; got != 1 {
 			t.Errorf("%s: store_operation_duration_seconds{store=%q,operation=\"acquire\"} grew by %d, want 1", tc.raw, tc.label, got)
 		}

@@ -59,10 +59,10 @@ func TestStoreModuleMustBeAStore(t *testing.T) {
 	}
 }
 
-// Within one config a store name stands for one set of records: a name
-// given to stores that hold different records is a config error, not a
-// silent merge, and so are two names given to the same records. Stores
-// that share both share one registration.
+// Within one config a memory store's name stands for one table, with one
+// set of limits: a name given two limits is a config error, not a silent
+// merge. Stores that share a name share its table and registration; two
+// names are two tables.
 func TestStoreNamesInOneConfig(t *testing.T) {
 	site := func(a, b string) string {
 		return "{\n\tadmin off\n}\n:9700 {\n\thandle /a* {\n\t\tidempotency {\n\t\t\tstore memory {\n" + a +
@@ -70,16 +70,13 @@ func TestStoreNamesInOneConfig(t *testing.T) {
 			"\n\t\t\t}\n\t\t}\n\t\trespond b\n\t}\n}\n"
 	}
 	for _, tc := range []struct{ what, caddyfile, want string }{
-		{"one name, two tables", site("max_entries 9701\nname ledger", "max_entries 9702\nname ledger"),
-			"store name 'ledger' is already given to other records in this config (memory (970"},
-		{"one table, two names", site("max_entries 9703\nname ledger", "max_entries 9703\nname refunds"),
-			"the records of memory (9703 records, 256MiB) are already named 'ledger'"},
-		{"one table, a name and the default", site("max_entries 9704\nname ledger", "max_entries 9704"),
-			"the records of memory (9704 records, 256MiB) are already named 'ledger'"},
-		{"a name that is another table's default", site("max_entries 9705", "max_entries 9706\nname \"memory (9705 records, 256MiB)\""),
-			"store name 'memory (9705 records, 256MiB)' is already given to other records in this config"},
-		{"one table, one name", site("max_entries 9707\nname ledger", "max_entries 9707\nname ledger"), ""},
-		{"two tables, two names", site("max_entries 9708\nname ledger", "max_entries 9709\nname refunds"), ""},
+		{"one name, two limits", site("max_entries 9701\nname ledger", "max_entries 9702\nname ledger"),
+			"store name 'ledger' is already given to other records in this config (memory table 'ledger' of 970"},
+		{"no name, two limits", site("max_entries 9703", "max_entries 9704"),
+			"store name 'memory' is already given to other records in this config (memory table 'memory' of 970"},
+		{"one name, one limit", site("max_entries 9707\nname ledger", "max_entries 9707\nname ledger"), ""},
+		{"two names, one limit: two tables", site("max_entries 9708\nname ledger", "max_entries 9708\nname refunds"), ""},
+		{"two names, two limits", site("max_entries 9708\nname ledger", "max_entries 9709\nname refunds"), ""},
 	} {
 		err := validateCaddyfile(t, tc.caddyfile)
 		switch {

@@ -8,14 +8,8 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
-// defaultName names the table: "memory" for the default limits, else the
-// limits exactly, so that different tables never share a name.
-func defaultName(maxEntries int, maxBytes int64) string {
-	if maxEntries == defaultMaxEntries && maxBytes == defaultMaxBytes {
-		return "memory"
-	}
-	return fmt.Sprintf("memory (%d records, %s)", maxEntries, exactSize(maxBytes))
-}
+// defaultName is the table of the store blocks that name none.
+const defaultName = "memory"
 
 // exactSize writes n bytes in the largest binary unit that divides it.
 func exactSize(n int64) string {

@@ -7,6 +7,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -31,8 +32,45 @@ const (
 // now is replaceable in tests.
 var now = time.Now
 
-// tables keeps the tables across config reloads, which must not forget keys.
+// tables keeps the tables across config reloads, which must not forget
+// keys: a table is the store's name's, whatever limits a reload gives it.
 var tables = caddy.NewUsagePool()
+
+// shared is one table, as large as the largest limits that the stores
+// using it give it: during a reload that changes them, the old config's
+// and the new one's; once the old one is cleaned up, the new one's.
+type shared struct {
+	*table.Table
+	mu     sync.Mutex
+	limits map[*Memory][2]int64 // entries, bytes
+}
+
+func (s *shared) join(m *Memory) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.limits[m] = [2]int64{int64(m.MaxEntries), m.MaxBytes}
+	s.apply()
+}
+
+func (s *shared) leave(m *Memory) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.limits, m)
+	if len(s.limits) > 0 {
+		s.apply()
+	}
+}
+
+// apply sets the table's limits to the largest given; s.mu is held.
+func (s *shared) apply() {
+	var largest [2]int64
+	for _, l := range s.limits {
+		largest = [2]int64{max(largest[0], l[0]), max(largest[1], l[1])}
+	}
+	s.Lock()
+	s.SetLimits(int(largest[0]), largest[1])
+	s.Unlock()
+}
 
 // evictions is process-wide, like the tables, and registered into each
 // config's registry.
@@ -44,13 +82,12 @@ var evictions = prometheus.NewCounterVec(prometheus.CounterOpts{
 // Memory keeps idempotency records in the Caddy process. When full, the
 // oldest completed records are evicted first; in-flight claims never are.
 type Memory struct {
-	// Name is what operators call the store: `caddy idempotency stores`
-	// lists it, the admin API's store= and the command's --store choose
-	// it, and the metrics and traces carry it. Within one config, every
-	// store block for the same limits (one table) must have the same name,
-	// and different tables different names. Default: "memory" for the
-	// default limits, else the limits, as in "memory (5000 records,
-	// 64MiB)".
+	// Name is the store's table, and what operators call it: `caddy
+	// idempotency stores` lists it, the admin API's store= and the
+	// command's --store choose it, and the metrics and traces carry it.
+	// Store blocks with one name share one table; within one config they
+	// must give it the same limits, and a reload may change them without
+	// losing a key. Default: "memory".
 	Name string `json:"name,omitempty"`
 
 	// MaxEntries bounds the number of records kept, at most 1073741824.
@@ -61,6 +98,7 @@ type Memory struct {
 	MaxBytes int64 `json:"max_bytes,omitempty"`
 
 	tab       *table.Table
+	shared    *shared
 	maxRecord int64 // the largest blob Complete keeps
 	evicted   prometheus.Counter
 	poolKey   string // cleared by Cleanup
@@ -84,18 +122,21 @@ func (m *Memory) Provision(ctx caddy.Context) error {
 	if m.MaxBytes == 0 {
 		m.MaxBytes = defaultMaxBytes
 	}
-	m.poolKey = fmt.Sprintf("memory/%d/%d", m.MaxEntries, m.MaxBytes)
+	m.name = cmp.Or(m.Name, defaultName)
+	m.poolKey = "memory/" + m.name
 	val, _, err := tables.LoadOrNew(m.poolKey, func() (caddy.Destructor, error) {
-		return table.New(m.MaxEntries, m.MaxBytes), nil
+		return &shared{Table: table.New(m.MaxEntries, m.MaxBytes), limits: make(map[*Memory][2]int64)}, nil
 	})
 	if err != nil {
 		m.poolKey = ""
 		return err
 	}
-	m.tab = val.(*table.Table)
+	m.shared = val.(*shared)
+	m.shared.join(m)
+	m.tab = m.shared.Table
 	m.maxRecord = m.MaxBytes/recordShare - table.Size(nil)
-	records := defaultName(m.MaxEntries, m.MaxBytes)
-	m.name = cmp.Or(m.Name, records)
+	// The registry refuses one name with two limits in one config.
+	records := fmt.Sprintf("memory table '%s' of %d records, %s", m.name, m.MaxEntries, exactSize(m.MaxBytes))
 	if reg := ctx.GetMetricsRegistry(); reg != nil {
 		if err := reg.Register(evictions); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
 			return fmt.Errorf("registering metrics: %w", err)
@@ -124,6 +165,9 @@ func (m *Memory) Validate() error {
 // Cleanup detaches from the table; the last user stops its sweeper once
 // the requests that hold this store are done (store.Holds).
 func (m *Memory) Cleanup() error {
+	if m.shared != nil {
+		m.shared.leave(m)
+	}
 	return store.Detach(m, m.name, tables, &m.poolKey)
 }
 

@@ -166,3 +166,42 @@ func TestSweepDropsExpired(t *testing.T) {
 		t.Fatalf("expired record still counted: entry %v, %d entries, %d bytes", e, n, b)
 	}
 }
+
+// A reload that changes a table's limits keeps its records: the table is
+// as large as the largest limits of the configs that use it, and shrinks
+// to the new ones, evicting the oldest completed records, once the old
+// config is cleaned up.
+func TestReloadResizesTheTable(t *testing.T) {
+	ctx := context.Background()
+	old := storetest.Provision(t, &Memory{Name: "resized", MaxEntries: 10})
+	var keys []store.Key
+	for range 8 {
+		k, c := storetest.NewKey(), &store.Claim{Token: storetest.NewToken(), Lease: time.Minute}
+		if got, err := old.Acquire(ctx, k, c); got.Record != nil || err != nil {
+			t.Fatal(got.Record, err)
+		}
+		if err := old.Complete(ctx, k, c, &store.Response{Status: 201}, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		keys = append(keys, k)
+	}
+	replacement := storetest.Provision(t, &Memory{Name: "resized", MaxEntries: 5})
+	kept := func() (n int) {
+		for _, k := range keys {
+			if rec, _, err := replacement.Lookup(ctx, k); err == nil && rec != nil {
+				n++
+			}
+		}
+		return n
+	}
+	if n := kept(); n != 8 {
+		t.Fatalf("the new config sees %d of the 8 records while the old one lives, want all", n)
+	}
+	old.Cleanup()
+	if n := kept(); n != 5 {
+		t.Fatalf("after the old config's cleanup %d records are kept, want the new limit, 5", n)
+	}
+	if rec, _, _ := replacement.Lookup(ctx, keys[7]); rec == nil {
+		t.Fatal("the newest record was evicted, want the oldest")
+	}
+}

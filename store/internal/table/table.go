@@ -82,6 +82,14 @@ func New(maxEntries int, maxBytes int64) *Table {
 	return t
 }
 
+// SetLimits changes the table's bounds, evicting the oldest completed
+// records until the entries fit the new ones. Claims are never evicted: a
+// table full of them stays over its bounds until they end.
+func (t *Table) SetLimits(maxEntries int, maxBytes int64) {
+	t.maxEntries, t.maxBytes = min(maxEntries, MaxEntries), maxBytes
+	t.evictFor(0, 0)
+}
+
 // Destruct stops the sweeper.
 func (t *Table) Destruct() error {
 	close(t.stop)
@@ -249,8 +257,15 @@ func (t *Table) makeRoom(need int64, more int) error {
 	case t.n-t.completed+more > t.maxEntries || t.bytes-t.evictable+need > t.maxBytes:
 		return errFull
 	}
+	t.evictFor(need, more)
+	return nil
+}
+
+// evictFor evicts the oldest completed records until need more bytes and
+// more entries fit, or none is left to evict.
+func (t *Table) evictFor(need int64, more int) {
 	var now int64
-	for t.n+more > t.maxEntries || t.bytes+need > t.maxBytes {
+	for (t.n+more > t.maxEntries || t.bytes+need > t.maxBytes) && t.oldest != none {
 		e := t.at(t.oldest)
 		if now == 0 {
 			now = time.Now().UnixNano()
@@ -260,7 +275,6 @@ func (t *Table) makeRoom(need int64, more int) error {
 		}
 		t.Remove(e)
 	}
-	return nil
 }
 
 // TakeEvicted returns how many completed entries were evicted before they
