@@ -50,7 +50,7 @@ import (
 // Provision and Validate.
 func (o *Options) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	const maxBodyLimit = 1 << 40 // 1 TiB: bodies are buffered in memory, so more is a mistake
-	keyPlaced := false // key_header and key_from both say where the key is: one may
+	keyPlaced := false           // key_header and key_from both say where the key is: one may
 	return cfarg.Block(d, nil, func(opt string) (err error) {
 		switch opt {
 		case "key_header", "key_from":

@@ -2,8 +2,8 @@ package idempotency
 
 import (
 	"bytes"
-	"context"
 	"compress/gzip"
+	"context"
 	"io"
 	"net"
 	"net/http"
