@@ -2,6 +2,7 @@ package idempotency
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"slices"
 	"time"
@@ -130,10 +131,25 @@ func (a *attempt) claimKey() error {
 // earlier claims of the key that failed are withdrawn. The claim is dated
 // as it is sent, each time: a won claim's lease is counted from then
 // (leases.start).
+//
+// A claim won only after a third of its lease, when its first renewal is
+// due, is renewed before it runs: the store may count its lease from when
+// it was sent (Redis stamps it then, and a command held up on the way
+// lands late), so a duplicate may already be free to take it over. If the
+// renewal fails, the request does not run, as if the claim had failed.
 func (a *attempt) acquire(ctx context.Context) (store.Acquired, error) {
 	withdrawals.land(ctx, a.key)
 	a.claim.CreatedAt = time.Now()
-	return a.h.store.Acquire(ctx, a.key, &a.claim)
+	got, err := a.h.store.Acquire(ctx, a.key, &a.claim)
+	if err != nil || got.Record != nil || time.Since(a.claim.CreatedAt) < a.h.lease/renewFraction {
+		return got, err
+	}
+	renewed := time.Now()
+	if err := a.h.store.Renew(ctx, a.key, a.claim.Token, a.h.lease); err != nil {
+		return store.Acquired{}, store.Unavailable("acquiring", fmt.Errorf("the store confirmed the claim late, and renewing it failed: %w", err))
+	}
+	a.claim.CreatedAt = renewed
+	return got, nil
 }
 
 // Interface guard
