@@ -116,7 +116,9 @@ func (h *Holds) expire() {
 // replaced it: its calls fail from then on. False on a nil *Holds.
 func (h *Holds) Closed() bool { return h != nil && h.closed.Load() }
 
-// runLocked runs the release once, outside h.mu, which it unlocks.
+// runLocked runs the release once, outside h.mu, which it unlocks, in a
+// goroutine of its own: the last Give is a request's, which must not wait
+// for a pool to close its connections.
 func (h *Holds) runLocked() {
 	release := h.release
 	h.release = nil
@@ -126,7 +128,7 @@ func (h *Holds) runLocked() {
 	}
 	h.mu.Unlock()
 	if release != nil {
-		release()
+		go release()
 	}
 }
 

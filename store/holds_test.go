@@ -225,3 +225,26 @@ func TestHoldsNil(t *testing.T) {
 		t.Fatal("nil holds deferred a release")
 	}
 }
+
+// The last hold's Give is a request's: it must not wait for the backend
+// to close (a pool's Close waits for its connections, which a stalled
+// network can hold for long).
+func TestLastGiveDoesNotWaitForTheClose(t *testing.T) {
+	h := new(Holds)
+	h.Take(time.Second)
+	closing := make(chan struct{})
+	defer close(closing)
+	if !h.later(func() { <-closing }, false) {
+		t.Fatal("later kept nothing although a hold was taken")
+	}
+	gave := make(chan struct{})
+	go func() {
+		h.Give()
+		close(gave)
+	}()
+	select {
+	case <-gave:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the last Give waited for the backend to close")
+	}
+}
