@@ -42,7 +42,7 @@ func (a *attempt) refuse(kind problemKind) error {
 }
 
 // storeFailed answers a request whose claim the store could not take, per
-// on_store_error, and withdraws the claim in case it lands late. A client
+// on_store_error (acquire withdraws the claim in case it lands late). A client
 // that left while its claim waited (for a pooled connection, a slow reply)
 // ends the call with its context: that is no store failure, and nobody is
 // left to answer or to run the request for.
@@ -57,7 +57,6 @@ func (a *attempt) storeFailed(err error) error {
 			zap.String("key_id", u.keyID), zap.Strings("configured_key_ids", h.keys.ids()))
 		return a.refuse(problemUnreadable)
 	}
-	a.withdraw()
 	if a.r.Context().Err() != nil {
 		a.result(resultGone)
 		a.w.WriteHeader(statusClientClosed) // for the access log, as reverse_proxy does

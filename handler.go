@@ -2,6 +2,7 @@ package idempotency
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -116,6 +117,10 @@ func (a *attempt) claimKey() error {
 		a.tookOver(got.Record)
 	}
 	switch rec := got.Record; {
+	case errors.Is(err, errClaimInFlight) && h.MaxWait > 0:
+		return a.wait()
+	case errors.Is(err, errClaimInFlight):
+		return a.refuse(problemOutstanding)
 	case err != nil:
 		return a.storeFailed(err)
 	case rec == nil:
@@ -127,10 +132,14 @@ func (a *attempt) claimKey() error {
 	}
 }
 
-// acquire sends the attempt's claim to the store, once this process's
-// earlier claims of the key that failed are withdrawn. The claim is dated
-// as it is sent, each time: a won claim's lease is counted from then
+// acquire sends the attempt's claim to the store. The claim is dated as
+// it is sent, each time: a won claim's lease is counted from then
 // (leases.start).
+//
+// Within this process a key's claims go one at a time (claimsInFlight),
+// and a claim the store failed is set to be withdrawn before the next is
+// sent, which first lands the withdrawal: so no request here finds, as a
+// dead owner's, a claim that this process sent and could not confirm.
 //
 // A claim won only after a third of its lease, when its first renewal is
 // due, is renewed before it runs: the store may count its lease from when
@@ -138,18 +147,25 @@ func (a *attempt) claimKey() error {
 // lands late), so a duplicate may already be free to take it over. If the
 // renewal fails, the request does not run, as if the claim had failed.
 func (a *attempt) acquire(ctx context.Context) (store.Acquired, error) {
+	if !claimsInFlight.begin(a.key) {
+		return store.Acquired{}, errClaimInFlight
+	}
+	defer claimsInFlight.end(a.key)
 	withdrawals.land(ctx, a.key)
 	a.claim.CreatedAt = time.Now()
 	got, err := a.h.store.Acquire(ctx, a.key, &a.claim)
-	if err != nil || got.Record != nil || time.Since(a.claim.CreatedAt) < a.h.lease/renewFraction {
-		return got, err
+	if err == nil && got.Record == nil && time.Since(a.claim.CreatedAt) >= a.h.lease/renewFraction {
+		renewed := time.Now()
+		if err = a.h.store.Renew(ctx, a.key, a.claim.Token, a.h.lease); err != nil {
+			err = store.Unavailable("acquiring", fmt.Errorf("the store confirmed the claim late, and renewing it failed: %w", err))
+		}
+		a.claim.CreatedAt = renewed
 	}
-	renewed := time.Now()
-	if err := a.h.store.Renew(ctx, a.key, a.claim.Token, a.h.lease); err != nil {
-		return store.Acquired{}, store.Unavailable("acquiring", fmt.Errorf("the store confirmed the claim late, and renewing it failed: %w", err))
+	if _, unreadable := errors.AsType[*unreadableRecord](err); err != nil && !unreadable {
+		a.withdraw() // the claim may have landed all the same
+		return store.Acquired{}, err
 	}
-	a.claim.CreatedAt = renewed
-	return got, nil
+	return got, err
 }
 
 // Interface guard

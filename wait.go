@@ -2,6 +2,7 @@ package idempotency
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/caddy-idempotency/caddy-idempotency/store"
@@ -48,6 +49,8 @@ func (a *attempt) wait() error {
 		}
 		rec := got.Record
 		switch {
+		case errors.Is(err, errClaimInFlight):
+			// another request of this process is claiming the key: wait on
 		case err != nil && a.r.Context().Err() != nil:
 			endWait(span, "client_left")
 			return a.storeFailed(err)

@@ -63,6 +63,7 @@ const (
 	firstWithdrawPause  = 100 * time.Millisecond
 	maxWithdrawPause    = 2 * time.Second
 	withdrawCallTimeout = 10 * time.Second
+	landWait            = 2 * time.Second
 )
 
 // withdraw withdraws the attempt's claim until the store takes it.
@@ -93,7 +94,9 @@ func (p *pendingWithdrawals) add(w *withdrawal, m *metrics) {
 }
 
 // land tries, before a request of key claims it, the withdrawals of key's
-// earlier claims, so that the request never finds one of them.
+// earlier claims, so that the request never finds one of them. Each try
+// waits at most landWait: a store that does not answer it will not answer
+// the claim either, which then fails as it would have.
 func (p *pendingWithdrawals) land(ctx context.Context, key store.Key) {
 	if p.n.Load() == 0 {
 		return
@@ -101,6 +104,8 @@ func (p *pendingWithdrawals) land(ctx context.Context, key store.Key) {
 	p.mu.Lock()
 	ws := append([]*withdrawal(nil), p.byKey[key]...)
 	p.mu.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, landWait)
+	defer cancel()
 	for _, w := range ws {
 		p.tryHeld(ctx, w)
 	}
@@ -194,4 +199,61 @@ func (w *withdrawal) try(ctx context.Context) bool {
 		return done
 	}
 	return false
+}
+
+// A request's claim waits, within this process, for a claim of the same
+// key under way here to be answered, for up to inFlightWait; past it, as
+// when the store is slow or away, it is answered as a duplicate in flight
+// (409, or waits). So a claim that this process sent and could not
+// confirm is set to be withdrawn before another claim of its key leaves
+// here, without queueing a burst of retries behind a failing store.
+
+// errClaimInFlight is acquire's answer when another claim of the key is
+// under way here for longer than inFlightWait.
+var errClaimInFlight = errors.New("another claim of the key is under way in this process")
+
+const inFlightWait = 100 * time.Millisecond
+
+var claimsInFlight = inFlight{byKey: make(map[store.Key]*inFlightClaim)}
+
+type inFlight struct {
+	mu    sync.Mutex
+	byKey map[store.Key]*inFlightClaim // nil: under way, and nobody waits for it
+}
+
+// inFlightClaim is made for a claim under way once another waits for it.
+type inFlightClaim struct{ done chan struct{} }
+
+// begin notes key's claim as under way here, once the one under way, if
+// any, is answered; false if it was not within inFlightWait.
+func (f *inFlight) begin(key store.Key) bool {
+	f.mu.Lock()
+	c, busy := f.byKey[key]
+	if !busy {
+		f.byKey[key] = nil
+		f.mu.Unlock()
+		return true
+	}
+	if c == nil {
+		c = &inFlightClaim{done: make(chan struct{})}
+		f.byKey[key] = c
+	}
+	f.mu.Unlock()
+	select {
+	case <-c.done:
+		return f.begin(key)
+	case <-time.After(inFlightWait):
+		return false
+	}
+}
+
+// end notes that key's claim under way here was answered.
+func (f *inFlight) end(key store.Key) {
+	f.mu.Lock()
+	c := f.byKey[key]
+	delete(f.byKey, key)
+	f.mu.Unlock()
+	if c != nil {
+		close(c.done)
+	}
 }
