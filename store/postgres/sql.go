@@ -34,6 +34,10 @@ const owned = `key = $1 AND token = $2 AND state <> 'completed' AND ` + isLive
 // zone, an hour off across a change of daylight saving time.
 func asInterval(n string) string { return `(` + n + `) * interval '1 microsecond'` }
 
+// traceKept holds while a dead claim is kept for its dead owner: until its
+// reap_at, however late the reaper comes.
+const traceKept = `(reap_at > now()) IS TRUE`
+
 // keptPastLease is how long a claim's row is kept past its lease, in
 // microseconds: its TTL (NULL for a row without reap_at).
 const keptPastLease = `(extract(epoch FROM reap_at - expires_at) * 1000000)::bigint`
@@ -106,13 +110,15 @@ SELECT false, ttl, state, token, endpoint, fingerprint, status, headers, body, t
 		// takeovers cannot both win, and the one that wins reports the
 		// row it replaced, not the one the claim's statement read.
 		//
+		// A dead claim kept past its reap_at, which the reaper has not
+		// reached yet, is gone: replaced as an expired record is.
 		// A dead claim (in progress) is replaced by the claim, unwatched
 		// (status 0), or with KeepUnknown ($8) becomes, in place, the
 		// unknown outcome of its request: completed, bound as it was,
 		// kept for the TTL, under the new token, and its waiters told.
 		// An expired record is replaced by the claim either way.
 		takeover: names.Replace(`WITH dead AS (
-	SELECT state <> 'completed' AS claim, ` + pKeepUnknown + ` AND state <> 'completed' AS unknown,
+	SELECT state <> 'completed' AND ` + traceKept + ` AS claim, ` + pKeepUnknown + ` AND state <> 'completed' AND ` + traceKept + ` AS unknown,
 		status = ` + watchedMark + ` AS watched
 	FROM {table} WHERE key = $1 AND ` + isExpired + `
 	FOR UPDATE

@@ -131,7 +131,10 @@ func TestTakeoverReportsTheRowItReplaced(t *testing.T) {
 		toExpiredRecord = `UPDATE {table} SET state = 'completed', status = 200, expires_at = now() - interval '1 second'
 			WHERE key = $1`
 		toDeadClaim = `UPDATE {table} SET state = 'in_progress', status = 0, token = $2, endpoint = 'POST /other',
-			expires_at = now() - interval '1 second' WHERE key = $1`
+			expires_at = now() - interval '1 second', reap_at = now() + interval '1 minute' WHERE key = $1`
+		// a dead claim kept until its reap_at, which the reaper has not reached
+		toDeadClaimReaped = `UPDATE {table} SET state = 'in_progress', status = 0, token = $2, endpoint = 'POST /other',
+			expires_at = now() - interval '2 seconds', reap_at = now() - interval '1 second' WHERE key = $1`
 	)
 	for _, tc := range []struct {
 		name     string
@@ -145,6 +148,7 @@ func TestTakeoverReportsTheRowItReplaced(t *testing.T) {
 		{"ClaimBecameExpiredRecordKeep", "claim", toExpiredRecord, true, false, false},
 		{"RecordBecameDeadClaim", "record", toDeadClaim, false, true, false},
 		{"RecordBecameDeadClaimKeep", "record", toDeadClaim, true, true, true},
+		{"ClaimPastItsReapAt", "claim", toDeadClaimReaped, true, false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := storetest.Provision(t, &Store{DSN: shared.DSN(), Table: newTable()})
@@ -165,7 +169,7 @@ func TestTakeoverReportsTheRowItReplaced(t *testing.T) {
 			other := storetest.NewToken()
 			sql := strings.ReplaceAll(tc.replaced, "{table}", s.db.qualified)
 			args := []any{k[:]}
-			if tc.replaced == toDeadClaim {
+			if tc.replaced == toDeadClaim || tc.replaced == toDeadClaimReaped {
 				args = append(args, other[:])
 			}
 			if _, err := tx.Exec(ctx, sql, args...); err != nil {
