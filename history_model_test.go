@@ -193,7 +193,8 @@ func (m *keyModel) forgotten(before, at time.Duration) bool {
 		return false
 	}
 	for _, w := range m.run.faultsAt {
-		if w.f.kind == faultDeath && w.start >= before && w.start <= at {
+		// A request sent once the process was dead went to the next.
+		if w.f.kind == faultDeath && w.start > before && w.start <= at {
 			return true
 		}
 	}
