@@ -365,7 +365,7 @@ func (m *keyModel) checkRequest(res *histResult) {
 		allowed := false
 		switch res.problem {
 		case "outstanding":
-			allowed = m.heldDuring(res, b, s, e)
+			allowed = m.heldDuring(res, b, s, e) || m.concurrentHere(res)
 		case "key-reused":
 			allowed = m.heldOther(res, b, s, e) ||
 				m.recorded(res, s, e, other, classStored, classTruncated, classUnknown)
@@ -391,6 +391,19 @@ func (m *keyModel) checkRequest(res *histResult) {
 func (m *keyModel) heldOther(res *histResult, b binding, from, to time.Duration) bool {
 	for _, o := range []binding{{"/pay", 0}, {"/pay", 1}, {"/pay", 2}, {"/refund", 0}, {"/refund", 1}, {"/refund", 2}} {
 		if o != b && m.bindingOf(histRequest{path: o.path, body: o.payload}) == o && m.heldDuring(res, o, from, to) {
+			return true
+		}
+	}
+	return false
+}
+
+// concurrentHere reports whether another request of res's key was under
+// way on res's instance meanwhile, whatever its binding: a claim waits
+// for one under way in its process for at most a second, then is
+// answered 409 (claimsInFlight).
+func (m *keyModel) concurrentHere(res *histResult) bool {
+	for _, p := range m.run.results {
+		if p.key == res.key && p != res && p.req.instance == res.req.instance && p.sent <= res.done && p.done >= res.sent {
 			return true
 		}
 	}

@@ -212,7 +212,7 @@ func (w *withdrawal) try(ctx context.Context) bool {
 // under way here for longer than inFlightWait.
 var errClaimInFlight = errors.New("another claim of the key is under way in this process")
 
-const inFlightWait = 100 * time.Millisecond
+const inFlightWait = time.Second
 
 var claimsInFlight = inFlight{byKey: make(map[store.Key]*inFlightClaim)}
 
