@@ -3,7 +3,6 @@ package postgres
 import (
 	"errors"
 	"fmt"
-	"net/http"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgtype"
@@ -21,9 +20,27 @@ type row struct {
 	won     bool
 	ttl     ttlColumn
 	expires time.Time
-	dest    [14]any
+	// bad is the first column that did not decode. A column records it
+	// rather than failing the scan: in a batch, a scan error would end
+	// the reading of the results of the statements after it, which
+	// commit all the same (batch.go).
+	bad   error
+	dest  [14]any
+	ndest int // how many of dest the statement fills
 	// Acquire's parameters, which need no allocation of their own here.
 	args [8]any
+}
+
+// reset clears what a scan wrote, for a statement run again.
+func (r *row) reset() {
+	r.rec, r.status, r.won, r.ttl, r.expires, r.bad = store.Record{}, 0, false, 0, time.Time{}, nil
+}
+
+// fail records err unless a column failed before.
+func (r *row) fail(err error) {
+	if r.bad == nil && err != nil {
+		r.bad = err
+	}
 }
 
 // dests returns the scan destinations of a row of the columns of lead,
@@ -33,16 +50,20 @@ func (r *row) dests(lead ...any) []any {
 	rec := &r.rec
 	n := copy(r.dest[:], lead)
 	n += copy(r.dest[n:], []any{
-		(*stateColumn)(&rec.State), (*tokenColumn)(&rec.Token), (*endpointColumn)(&rec.Endpoint),
-		(*fingerprintColumn)(&rec.Fingerprint), &r.status, (*headersColumn)(&rec.Header),
+		(*stateColumn)(r), (*tokenColumn)(r), (*endpointColumn)(&rec.Endpoint),
+		(*fingerprintColumn)(r), &r.status, (*headersColumn)(r),
 		&rec.Body, &rec.Truncated, &rec.OutcomeUnknown, &rec.Sealed, (*timeColumn)(&rec.CreatedAt),
 	})
+	r.ndest = n
 	return r.dest[:n]
 }
 
 // record finishes the scanned record, which expires at expires if
 // completed, refusing a row without a state.
 func (r *row) record(expires time.Time) (*store.Record, error) {
+	if r.bad != nil {
+		return nil, r.bad
+	}
 	if r.rec.State == 0 {
 		return nil, errors.New("record without a state")
 	}
@@ -54,30 +75,41 @@ func (r *row) record(expires time.Time) (*store.Record, error) {
 }
 
 // The column types below scan from the driver's buffer, which pgx reuses;
-// a NULL leaves the field as it was (Acquire's row for a won claim).
+// a NULL leaves the field as it was (Acquire's row for a won claim). Those
+// of type row decode into the row's record, and record a value they cannot
+// decode in the row (bad) rather than fail the scan.
 
-type stateColumn store.State
+type stateColumn row
 
-func (s *stateColumn) ScanBytes(b []byte) error {
+func (c *stateColumn) ScanBytes(b []byte) error {
+	r := (*row)(c)
 	switch {
 	case b == nil:
 	case string(b) == "in_progress":
-		*s = stateColumn(store.InProgress)
+		r.rec.State = store.InProgress
 	case string(b) == "completed":
-		*s = stateColumn(store.Completed)
+		r.rec.State = store.Completed
 	default:
-		return fmt.Errorf("unknown state %q", b)
+		r.fail(fmt.Errorf("unknown state %q", b))
 	}
 	return nil
 }
 
-type tokenColumn store.Token
+type tokenColumn row
 
-func (t *tokenColumn) ScanBytes(b []byte) error { return scanFixed(t[:], b, "token") }
+func (c *tokenColumn) ScanBytes(b []byte) error {
+	r := (*row)(c)
+	r.fail(scanFixed(r.rec.Token[:], b, "token"))
+	return nil
+}
 
-type fingerprintColumn store.Fingerprint
+type fingerprintColumn row
 
-func (f *fingerprintColumn) ScanBytes(b []byte) error { return scanFixed(f[:], b, "fingerprint") }
+func (c *fingerprintColumn) ScanBytes(b []byte) error {
+	r := (*row)(c)
+	r.fail(scanFixed(r.rec.Fingerprint[:], b, "fingerprint"))
+	return nil
+}
 
 func scanFixed(dst, b []byte, what string) error {
 	switch {
@@ -112,17 +144,19 @@ func (e *endpointColumn) ScanBytes(b []byte) error {
 }
 
 // headersColumn is the headers column, as store.AppendHeader writes it.
-type headersColumn http.Header
+type headersColumn row
 
-func (h *headersColumn) ScanBytes(b []byte) error {
+func (c *headersColumn) ScanBytes(b []byte) error {
 	if b == nil {
 		return nil
 	}
+	r := (*row)(c)
 	decoded, err := store.DecodeHeader(b)
 	if err != nil {
-		return fmt.Errorf("decoding headers: %w", err)
+		r.fail(fmt.Errorf("decoding headers: %w", err))
+		return nil
 	}
-	*h = headersColumn(decoded)
+	r.rec.Header = decoded
 	return nil
 }
 
