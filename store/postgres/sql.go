@@ -15,14 +15,19 @@ type queries struct {
 	lookup, delete, inFlight                                 string
 }
 
+// The statements of one key tell time by statement_timestamp(), when the
+// statement itself started: in a batch (batch.go) they share a
+// transaction, and now() would be the batch's start for all of them. For
+// a statement alone the two are the same.
+//
 // The statements of one key find their row through the primary key alone:
 // their state and expiry conditions are written in forms no index matches
 // (state <> 'completed' is "in progress"). Otherwise the planner may walk
 // the in-flight or reaper's index instead, for the connection's life, and
 // those fill with dead entries under a stream of new keys.
 const (
-	isLive    = `(expires_at > now()) IS TRUE`
-	isExpired = `(expires_at <= now()) IS TRUE`
+	isLive    = `(expires_at > statement_timestamp()) IS TRUE`
+	isExpired = `(expires_at <= statement_timestamp()) IS TRUE`
 )
 
 // owned is the condition under which a token may act on its claim: a claim
@@ -36,7 +41,7 @@ func asInterval(n string) string { return `(` + n + `) * interval '1 microsecond
 
 // traceKept holds while a dead claim is kept for its dead owner: until its
 // reap_at, however late the reaper comes.
-const traceKept = `(reap_at > now()) IS TRUE`
+const traceKept = `(reap_at > statement_timestamp()) IS TRUE`
 
 // keptPastLease is how long a claim's row is kept past its lease, in
 // microseconds: its TTL (NULL for a row without reap_at).
@@ -87,12 +92,12 @@ func newQueries(table, channel string) queries {
 		// holds no row: no row is returned and Acquire runs it again.
 		acquire: names.Replace(`WITH old AS (
 	SELECT state, token, endpoint, fingerprint, status, headers, body, truncated, outcome_unknown, sealed,
-		created_at, expires_at - now() AS ttl
+		created_at, expires_at - statement_timestamp() AS ttl
 	FROM {table} WHERE key = $1
 ), claimed AS (
 	INSERT INTO {table} (key, state, token, endpoint, fingerprint, created_at, expires_at, reap_at)
 	SELECT $1, 'in_progress', $2::bytea, $3::bytea, $4::bytea, ` + pCreated + `,
-		now() + ` + asInterval(pLease) + `, now() + ` + asInterval(pLease+" + "+pKeep) + `
+		statement_timestamp() + ` + asInterval(pLease) + `, statement_timestamp() + ` + asInterval(pLease+" + "+pKeep) + `
 	WHERE NOT EXISTS (SELECT FROM old)
 	ON CONFLICT (key) DO NOTHING
 	RETURNING 1
@@ -129,23 +134,23 @@ UPDATE {table} AS t SET state = CASE WHEN dead.unknown THEN 'completed' ELSE 'in
 	fingerprint = CASE WHEN dead.unknown THEN t.fingerprint ELSE $4::bytea END,
 	created_at = CASE WHEN dead.unknown THEN t.created_at ELSE ` + pCreated + ` END,
 	status = 0, headers = NULL, body = NULL, truncated = false, outcome_unknown = dead.unknown, sealed = false,
-	expires_at = now() + ` + asInterval(`CASE WHEN dead.unknown THEN `+pKeep+` ELSE `+pLease+` END`) + `,
-	reap_at = CASE WHEN dead.unknown THEN NULL ELSE now() + ` + asInterval(pLease+" + "+pKeep) + ` END
+	expires_at = statement_timestamp() + ` + asInterval(`CASE WHEN dead.unknown THEN `+pKeep+` ELSE `+pLease+` END`) + `,
+	reap_at = CASE WHEN dead.unknown THEN NULL ELSE statement_timestamp() + ` + asInterval(pLease+" + "+pKeep) + ` END
 FROM dead WHERE t.key = $1
 RETURNING CASE WHEN dead.unknown AND dead.watched THEN ` + notifyEnded + ` END,
-	dead.claim, t.expires_at - now(), t.state, t.token, t.endpoint, t.fingerprint, t.status, t.headers, t.body,
+	dead.claim, t.expires_at - statement_timestamp(), t.state, t.token, t.endpoint, t.fingerprint, t.status, t.headers, t.body,
 	t.truncated, t.outcome_unknown, t.sealed, t.created_at`),
 
 		complete: names.Replace(`UPDATE {table} SET state = 'completed', status = $3, headers = $4, body = $5,
 	truncated = $6, outcome_unknown = $7, sealed = $8,
-	expires_at = now() + ` + asInterval(`$9::bigint`) + `, reap_at = NULL
+	expires_at = statement_timestamp() + ` + asInterval(`$9::bigint`) + `, reap_at = NULL
 WHERE ` + owned + ended),
 
 		release: names.Replace(`DELETE FROM {table} WHERE ` + owned + ended),
 
 		// renew moves the time the claim is kept until with its lease.
-		renew: names.Replace(`UPDATE {table} SET expires_at = now() + ` + asInterval(`$3::bigint`) + `,
-	reap_at = now() + ` + asInterval(`$3::bigint + `+keptPastLease) + `
+		renew: names.Replace(`UPDATE {table} SET expires_at = statement_timestamp() + ` + asInterval(`$3::bigint`) + `,
+	reap_at = statement_timestamp() + ` + asInterval(`$3::bigint + `+keptPastLease) + `
 WHERE ` + owned),
 
 		watch: names.Replace(`UPDATE {table} SET status = ` + watchedMark + `
