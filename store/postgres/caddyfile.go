@@ -17,6 +17,7 @@ import (
 //	    name         <name>
 //	    local_cache  <size>
 //	    synchronous_commit on|off|local|remote_write|remote_apply
+//	    pipelining   on|off
 //	}
 //
 // Each option may be given once; dsn is required.
@@ -43,6 +44,10 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			s.LocalCache, err = cfarg.Size(d, opt, 1<<62)
 		case "synchronous_commit":
 			s.SynchronousCommit, err = cfarg.OneOf(d, opt, synchronousCommitLevels[1:]...)
+		case "pipelining":
+			var v string
+			v, err = cfarg.OneOf(d, opt, "on", "off")
+			s.Pipelining = new(v == "on")
 		default:
 			err = cfarg.Unrecognized(d, opt)
 		}

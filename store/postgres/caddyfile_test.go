@@ -28,6 +28,10 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 		{in: "postgres {\n dsn x\n local_cache 1MiB\n local_cache 2MiB\n}", wantErr: "local_cache already specified"},
 		{in: "postgres {\n dsn x\n synchronous_commit remote_apply\n}", want: Store{DSN: "x", SynchronousCommit: "remote_apply"}},
 		{in: "postgres {\n dsn x\n synchronous_commit always\n}", wantErr: "synchronous_commit: want on or off or local or remote_write or remote_apply, got 'always'"},
+		{in: "postgres {\n dsn x\n pipelining off\n}", want: Store{DSN: "x", Pipelining: &off}},
+		{in: "postgres {\n dsn x\n pipelining on\n}", want: Store{DSN: "x", Pipelining: &on}},
+		{in: "postgres {\n dsn x\n pipelining maybe\n}", wantErr: "pipelining: want on or off, got 'maybe'"},
+		{in: "postgres {\n dsn x\n pipelining off\n pipelining on\n}", wantErr: "pipelining already specified"},
 		{in: `postgres`, wantErr: "dsn: a connection string is required"},
 		{in: `postgres postgres://db`, wantErr: "unexpected argument 'postgres://db'"},
 		{in: "postgres {\n dsn\n}", wantErr: "dsn: expected a value"},
@@ -47,7 +51,8 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 			}
 			continue
 		}
-		if err != nil || got.String() != tc.want.String() || (got.CreateTable == nil) != (tc.want.CreateTable == nil) {
+		if err != nil || got.String() != tc.want.String() || (got.CreateTable == nil) != (tc.want.CreateTable == nil) ||
+			(got.Pipelining == nil) != (tc.want.Pipelining == nil) {
 			t.Errorf("%q: got %v, %v; want %v", tc.in, got, err, tc.want)
 		}
 	}

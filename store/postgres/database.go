@@ -32,6 +32,7 @@ var errReaperBusy = errors.New("another instance is reaping")
 // database is the pool, statements, reaper and listener of one table.
 type database struct {
 	pool      *pgxpool.Pool
+	batch     *batcher // nil with pipelining off
 	q         queries
 	events    *listener
 	deadlines *deadlines
@@ -56,7 +57,7 @@ type database struct {
 
 // newDatabase creates the pool, which connects lazily, and starts the
 // reaper; neither fails when PostgreSQL is down.
-func newDatabase(cfg *pgxpool.Config, schema, table string, create bool, losses *prometheus.CounterVec, logger *zap.Logger) (*database, error) {
+func newDatabase(cfg *pgxpool.Config, schema, table string, create, pipelining bool, losses *prometheus.CounterVec, logger *zap.Logger) (*database, error) {
 	// Copied before the pool may change it.
 	listenCfg := cfg.ConnConfig.Copy()
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
@@ -80,6 +81,9 @@ func newDatabase(cfg *pgxpool.Config, schema, table string, create bool, losses 
 		stop:      stop,
 		done:      make(chan struct{}),
 	}
+	if pipelining {
+		db.batch = &batcher{pool: pool}
+	}
 	db.ready.Store(!create)
 	go db.run(ctx, reapInterval)
 	return db, nil
@@ -93,6 +97,24 @@ func (db *database) Destruct() error {
 	db.pool.Close()
 	db.deadlines.stop()
 	return nil
+}
+
+// query runs sql, a statement of one key, with r.args[:nargs], and scans
+// its row into r.dest: found is false when it returned none.
+func (db *database) query(ctx context.Context, sql string, r *row, nargs int) (found bool, err error) {
+	if db.batch != nil {
+		return db.batch.query(ctx, sql, r, nargs)
+	}
+	return runAlone(ctx, db.pool, sql, r.args[:nargs], r)
+}
+
+// exec runs sql, a statement of one key, which args begin with, and
+// reports whether it affected a row.
+func (db *database) exec(ctx context.Context, sql string, args ...any) (bool, error) {
+	if db.batch != nil {
+		return db.batch.exec(ctx, sql, args...)
+	}
+	return runAlone(ctx, db.pool, sql, args, nil)
 }
 
 // lockID names an advisory lock after the table, so that the stores of

@@ -91,6 +91,14 @@ type Store struct {
 	// disk only. Default: the server's (on unless configured otherwise).
 	SynchronousCommit string `json:"synchronous_commit,omitempty"`
 
+	// Pipelining sends the claims, completions, releases, renewals and
+	// watches that arrive while another is on the wire together: one
+	// round trip and one transaction, so one commit, for all of them. A
+	// statement that finds the wire idle goes at once, alone, as with
+	// pipelining off; a batch holds at most 16 statements and takes its
+	// rows in key order. Default: true.
+	Pipelining *bool `json:"pipelining,omitempty"`
+
 	// Resolved at provisioning; the exported fields keep what was written.
 	dsn     string
 	schema  string
@@ -145,14 +153,15 @@ func (s *Store) Provision(ctx caddy.Context) error {
 		cfg.ConnConfig.RuntimeParams["synchronous_commit"] = s.SynchronousCommit
 	}
 	create := s.CreateTable == nil || *s.CreateTable
+	pipelining := s.Pipelining == nil || *s.Pipelining
 	losses, err := store.SubscriptionLosses(ctx.GetMetricsRegistry())
 	if err != nil {
 		return fmt.Errorf("registering metrics: %w", err)
 	}
 
-	s.poolKey = s.databaseKey(create)
+	s.poolKey = s.databaseKey(create, pipelining)
 	val, _, err := databases.LoadOrNew(s.poolKey, func() (caddy.Destructor, error) {
-		return newDatabase(cfg, s.schema, s.table, create, losses, s.logger)
+		return newDatabase(cfg, s.schema, s.table, create, pipelining, losses, s.logger)
 	})
 	if err != nil {
 		s.poolKey = ""
@@ -168,8 +177,8 @@ func (s *Store) Provision(ctx caddy.Context) error {
 
 // databaseKey identifies the pool options without revealing them: the DSN
 // holds the password, so it is part of the key only through a hash.
-func (s *Store) databaseKey(create bool) string {
-	b, _ := json.Marshal([]any{s.dsn, s.schema, s.table, s.MaxConns, create, s.SynchronousCommit})
+func (s *Store) databaseKey(create, pipelining bool) string {
+	b, _ := json.Marshal([]any{s.dsn, s.schema, s.table, s.MaxConns, create, s.SynchronousCommit, pipelining})
 	sum := sha256.Sum256(b)
 	return "postgres:" + hex.EncodeToString(sum[:])
 }
@@ -215,8 +224,8 @@ func (s *Store) Cleanup() error {
 // It has a value receiver so that printing a Store value is redacted too.
 func (s Store) String() string {
 	create := s.CreateTable == nil || *s.CreateTable
-	return fmt.Sprintf("postgres{name=%q dsn=%q schema=%q table=%q max_conns=%d create_table=%t local_cache=%d synchronous_commit=%q}",
-		s.Name, redactDSN(s.DSN), s.Schema, s.Table, s.MaxConns, create, s.LocalCache, s.SynchronousCommit)
+	return fmt.Sprintf("postgres{name=%q dsn=%q schema=%q table=%q max_conns=%d create_table=%t local_cache=%d synchronous_commit=%q pipelining=%t}",
+		s.Name, redactDSN(s.DSN), s.Schema, s.Table, s.MaxConns, create, s.LocalCache, s.SynchronousCommit, s.Pipelining == nil || *s.Pipelining)
 }
 
 // GoString keeps %#v from printing the password.

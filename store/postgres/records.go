@@ -44,13 +44,14 @@ func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (sto
 	args := claimArgs(key, c)
 	for range acquireAttempts {
 		r := &row{args: args}
+		r.dests(&r.won, &r.ttl)
 		start := time.Now()
-		err := s.db.pool.QueryRow(ctx, s.db.q.acquire, r.args[:7]...).Scan(r.dests(&r.won, &r.ttl)...)
+		found, err := s.db.query(ctx, s.db.q.acquire, r, 7)
 		switch {
-		case errors.Is(err, pgx.ErrNoRows):
-			continue
 		case err != nil:
 			return store.Acquired{}, s.unavailable("acquiring", err)
+		case !found:
+			continue
 		case r.won:
 			return store.Acquired{}, nil
 		case r.ttl > 0:
@@ -177,11 +178,11 @@ func (s *Store) affected(ctx context.Context, op, sql string, args ...any) (bool
 	if err := s.db.ensure(ctx); err != nil {
 		return false, err
 	}
-	tag, err := s.db.pool.Exec(ctx, sql, args...)
+	ok, err := s.db.exec(ctx, sql, args...)
 	if err != nil {
 		return false, s.unavailable(op, err)
 	}
-	return tag.RowsAffected() > 0, nil
+	return ok, nil
 }
 
 // unavailable wraps a database error in store.ErrUnavailable, saying what
