@@ -17,6 +17,12 @@
 #   ROUNDS=3           * rounds per case; every route runs once per round
 #   CONCURRENCY="1 16 64 256" *
 #   MODES="new replay mix"   new key every request; replay of one key; 50/50
+#   REPLAY_KEYS=1      how many stored keys the replays ask for, worker w
+#                      the (w mod REPLAY_KEYS)th: the handler sends one
+#                      claim of a key at a time within a process, so with
+#                      one key every replay waits for the one before it;
+#                      set it to the highest concurrency to replay keys in
+#                      parallel
 #   ROUTES=""          default: proxy baseline baseline_cas memory redis, plus
 #                      redis_cached when the redis store accepts local_cache,
 #                      postgres and baseline_pg when the postgres store is in
@@ -33,7 +39,14 @@
 #                      redis_cached is the redis store with local_cache 64MiB.
 #                      redis_unpipelined (not a default; name it in ROUTES)
 #                      is the redis store with pipelining off.
+#                      postgres_unpipelined (not a default; name it in
+#                      ROUTES) is the postgres store with pipelining off,
+#                      on the same server, table idem_unpipelined.
 #   POSTGRES=1         0 skips the postgres and baseline_pg routes
+#   PG_FSYNC=0         1: the private PostgreSQL runs with fsync and
+#                      full_page_writes on (synchronous_commit is on either
+#                      way), so every commit waits for its WAL flush, as a
+#                      production server's does; 0 turns both off
 #   FILESTORE=1        0 skips the file route
 #   MEM=1              memory test: MEM_N concurrent 1 MiB responses through
 #   MEM_N=500        * fresh Caddy processes, peak RSS from /proc (VmHWM)
@@ -86,8 +99,10 @@ else
 	OUT_PNG=${OUT_PNG:-$here/benchmarks.png}
 fi
 MODES=${MODES:-"new replay mix"}
+REPLAY_KEYS=${REPLAY_KEYS:-1}
 ROUTES=${ROUTES:-}
 POSTGRES=${POSTGRES:-1}
+PG_FSYNC=${PG_FSYNC:-0}
 FILESTORE=${FILESTORE:-1}
 MEM=${MEM:-1}
 PROFILE=${PROFILE:-0}
@@ -275,13 +290,16 @@ start_postgres() {
 		note "postgres route skipped: initdb failed (see bench/out/$label/initdb.log)"
 		return 1
 	fi
-	local port stats=()
+	local port stats=() durability=(-c fsync=off -c full_page_writes=off)
 	port=$(freeport)
+	if [ "$PG_FSYNC" = 1 ]; then
+		durability=(-c fsync=on -c full_page_writes=on -c synchronous_commit=on)
+	fi
 	if [ "$PG_STATS" = 1 ]; then
 		stats=(-c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track=top -c track_io_timing=on)
 	fi
 	(cd "$pgtmp" && exec "${as[@]}" "$pg_bin/postgres" -D "$pgtmp/data" -p "$port" -k "$pgtmp/data" \
-		-c listen_addresses=127.0.0.1 -c fsync=off -c full_page_writes=off -c max_connections=300 "${stats[@]}" \
+		-c listen_addresses=127.0.0.1 "${durability[@]}" -c max_connections=300 "${stats[@]}" \
 		>"$run/postgres.log" 2>&1) &
 	pg_pid=$!
 	pids+=("$pg_pid")
@@ -337,10 +355,15 @@ else
 		note "postgres route skipped: http.idempotency.stores.postgres is not in the build"
 		drop_route postgres
 	fi
-	if has_route postgres || has_route baseline_pg; then
+	if has_route postgres_unpipelined && ! have_module postgres; then
+		note "postgres_unpipelined route skipped: http.idempotency.stores.postgres is not in the build"
+		drop_route postgres_unpipelined
+	fi
+	if has_route postgres || has_route baseline_pg || has_route postgres_unpipelined; then
 		start_postgres || {
 			drop_route postgres
 			drop_route baseline_pg
+			drop_route postgres_unpipelined
 		}
 	fi
 	if has_route redis_cached && ! has_local_cache; then
@@ -362,6 +385,7 @@ route_block() { # name
 	redis_unpipelined) printf '\troute /redis_unpipelined/* {\n\t\tidempotency {\n\t\t\tttl 10m\n\t\t\tstore redis {\n\t\t\t\taddress %s\n\t\t\t\tkey_prefix unpipelined\n\t\t\t\tpipelining off\n\t\t\t}\n\t\t}\n\t\treverse_proxy %s\n\t}\n' "$redis_addr" "$upstream" ;;
 	redis_cached) printf '\troute /redis_cached/* {\n\t\tidempotency {\n\t\t\tttl 10m\n\t\t\tstore redis {\n\t\t\t\taddress %s\n\t\t\t\tlocal_cache 64MiB\n\t\t\t}\n\t\t}\n\t\treverse_proxy %s\n\t}\n' "$redis_addr" "$upstream" ;;
 	postgres) printf '\troute /postgres/* {\n\t\tidempotency {\n\t\t\tttl 10m\n\t\t\tstore postgres {\n\t\t\t\tdsn "%s"\n\t\t\t}\n\t\t}\n\t\treverse_proxy %s\n\t}\n' "$pg_dsn" "$upstream" ;;
+	postgres_unpipelined) printf '\troute /postgres_unpipelined/* {\n\t\tidempotency {\n\t\t\tttl 10m\n\t\t\tstore postgres {\n\t\t\t\tdsn "%s"\n\t\t\t\ttable idem_unpipelined\n\t\t\t\tpipelining off\n\t\t\t}\n\t\t}\n\t\treverse_proxy %s\n\t}\n' "$pg_dsn" "$upstream" ;;
 	baseline_pg) printf '\troute /baseline_pg/* {\n\t\tidem_baseline_pg {\n\t\t\tdsn "%s"\n\t\t\ttable idem_baseline_pg\n\t\t}\n\t\treverse_proxy %s\n\t}\n' "$pg_dsn" "$upstream" ;;
 	file) printf '\troute /file/* {\n\t\tidempotency {\n\t\t\tttl 10m\n\t\t\tstore file {\n\t\t\t\tpath %s\n\t\t\t}\n\t\t}\n\t\treverse_proxy %s\n\t}\n' "$run/filestore" "$upstream" ;;
 	*)
@@ -418,7 +442,14 @@ done
 	echo "Go=$(go version | cut -d' ' -f3-)"
 	echo "Caddy=$("$out/caddy" version | cut -d' ' -f1)"
 	echo "Redis=$(redis-server --version | grep -o 'v=[^ ]*' | cut -d= -f2)"
-	if [ -n "$pg_pid" ]; then echo "PostgreSQL=$("$(dirname "$(readlink -f /proc/"$pg_pid"/exe)")/postgres" --version | awk '{print $3}')"; fi
+	if [ -n "$pg_pid" ]; then
+		echo "PostgreSQL=$("$(dirname "$(readlink -f /proc/"$pg_pid"/exe)")/postgres" --version | awk '{print $3}')"
+		if [ "$PG_FSYNC" = 1 ]; then
+			echo "PostgreSQL durability=fsync on, full_page_writes on, synchronous_commit on (PG_FSYNC=1)"
+		else
+			echo "PostgreSQL durability=fsync off, full_page_writes off (PG_FSYNC=0)"
+		fi
+	fi
 	echo "load average at start=$(cut -d' ' -f1-3 /proc/loadavg)"
 } >"$run/machine.txt"
 
@@ -428,8 +459,8 @@ cpu_pids="caddy=$caddy_pid,redis=$redis_pid"
 # ------------------------------------------------------------------ load
 say "routes: $ROUTES; modes: $MODES; concurrency: $CONCURRENCY; $ROUNDS round(s) of $DURATION (+$WARMUP warm-up)"
 "$out/loadgen" bench -base "$base" -routes "${ROUTES// /,}" -modes "${MODES// /,}" -conc "${CONCURRENCY// /,}" \
-	-duration "$DURATION" -warmup "$WARMUP" -rounds "$ROUNDS" -pids "$cpu_pids" -other-pids "upstream=$upstream_pid" -clk-tck "$(getconf CLK_TCK)" \
-	-redis "$redis_addr" -out "$run/results.jsonl"
+	-duration "$DURATION" -warmup "$WARMUP" -rounds "$ROUNDS" -replay-keys "$REPLAY_KEYS" -pids "$cpu_pids" -other-pids "upstream=$upstream_pid" -clk-tck "$(getconf CLK_TCK)" \
+	-redis "$redis_addr" -upstream "$upstream" -out "$run/results.jsonl"
 
 echo "load average at end=$(cut -d' ' -f1-3 /proc/loadavg)" >>"$run/machine.txt"
 stop_caddy
@@ -450,7 +481,7 @@ if [ "$PROFILE" = 1 ]; then
 	if [ "$PG_STATS" = 1 ] && [ -n "$pg_pid" ] && [[ $PROFILE_ROUTE == postgres || $PROFILE_ROUTE == baseline_pg ]]; then
 		pg_profile=1
 	fi
-	"$out/loadgen" run -url "$base/$PROFILE_ROUTE/orders" -mode "$PROFILE_MODE" -conc "$PROFILE_CONC" -warmup 1s -duration 12s >"$run/profile-load.json" &
+	"$out/loadgen" run -url "$base/$PROFILE_ROUTE/orders" -mode "$PROFILE_MODE" -conc "$PROFILE_CONC" -replay-keys "$REPLAY_KEYS" -warmup 1s -duration 12s >"$run/profile-load.json" &
 	load_pid=$!
 	sleep 1.5
 	perf_pid=""
@@ -521,7 +552,7 @@ fi
 
 # ------------------------------------------------------------------ report
 elapsed=$(($(date +%s) - started))
-settings="$label run, ${DURATION} measured (+${WARMUP} warm-up) per run, ${ROUNDS} round(s), concurrency ${CONCURRENCY}, modes ${MODES}; idempotency, baseline and baseline_cas with ttl 10m (baseline_pg keeps records without expiry), other options default; Redis FLUSHALL before each case; ${elapsed}s wall time before the report"
+settings="$label run, ${DURATION} measured (+${WARMUP} warm-up) per run, ${ROUNDS} round(s), concurrency ${CONCURRENCY}, modes ${MODES}, replays over ${REPLAY_KEYS} stored key(s); idempotency, baseline and baseline_cas with ttl 10m (baseline_pg keeps records without expiry), other options default; Redis FLUSHALL before each case; ${elapsed}s wall time before the report"
 prof_arg=()
 [ -n "$profiles" ] && prof_arg=(-profiles "$profiles")
 OUT_MD=$(realpath -m "$OUT_MD")

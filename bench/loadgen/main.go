@@ -70,6 +70,11 @@ type loadSpec struct {
 	Warmup   time.Duration
 	Duration time.Duration
 	KeyBase  string // unique per run
+	// ReplayKeys is how many stored keys the replays ask for, worker w
+	// the (w mod ReplayKeys)th; 0 or 1: one key for every worker.
+	ReplayKeys int
+	// Upstream (host:port) counts the runs of Route: see upstreamRuns.
+	Upstream, Route string
 	// at the edges of the measured window; may be nil
 	onStart, onEnd func()
 }
@@ -88,6 +93,12 @@ type loadResult struct {
 	MaxUs     float64        `json:"max_us"`
 	FirstErr  string         `json:"first_error,omitempty"`
 	SeedError string         `json:"seed_error,omitempty"`
+	// Over the whole load, warm-up included: the requests sent with a
+	// fresh key and answered, and how many times the upstream ran the
+	// route meanwhile (-1: not counted). Each new key runs once, and no
+	// replay runs: the two are equal.
+	NewKeys      int `json:"new_keys"`
+	UpstreamRuns int `json:"upstream_runs"`
 }
 
 func newClient(conc int) *http.Client {
@@ -125,6 +136,7 @@ func post(ctx context.Context, c *http.Client, url, key string) sample {
 }
 
 type workerStats struct {
+	newKeys  int
 	lat      []time.Duration
 	errors   int
 	statuses map[int]int
@@ -138,14 +150,32 @@ func load(spec loadSpec) loadResult {
 	client := newClient(spec.Conc)
 	defer client.CloseIdleConnections()
 	ctx := context.Background()
-	seedKey := spec.KeyBase + "-seed"
+	seedKeys := make([]string, max(spec.ReplayKeys, 1))
+	for i := range seedKeys {
+		seedKeys[i] = spec.KeyBase + "-seed-" + strconv.Itoa(i)
+	}
 	var res loadResult
 	if spec.Mode != "new" {
-		// store the key that the replays ask for, before the clock starts
-		if s := post(ctx, client, spec.URL, seedKey); s.err != nil || s.status != http.StatusCreated {
-			res.SeedError = fmt.Sprintf("seeding key: status %d err %v", s.status, s.err)
+		// store the keys that the replays ask for, before the clock starts,
+		// a few at a time
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		sem := make(chan struct{}, 8)
+		for _, k := range seedKeys {
+			wg.Go(func() {
+				sem <- struct{}{}
+				defer func() { <-sem }()
+				if s := post(ctx, client, spec.URL, k); s.err != nil || s.status != http.StatusCreated {
+					mu.Lock()
+					res.SeedError = fmt.Sprintf("seeding key: status %d err %v", s.status, s.err)
+					mu.Unlock()
+				}
+			})
 		}
+		wg.Wait()
 	}
+
+	runsBefore := upstreamRuns(spec.Upstream, spec.Route)
 
 	// The window is kept as nanoseconds since epoch (monotonic clock);
 	// t1 stays 0 while the window is open.
@@ -163,6 +193,7 @@ func load(spec loadSpec) loadResult {
 		go func(w int) {
 			defer wg.Done()
 			prefix := spec.KeyBase + "-" + strconv.Itoa(w) + "-"
+			seedKey := seedKeys[w%len(seedKeys)]
 			for i := 0; !stop.Load(); i++ {
 				key := seedKey
 				switch spec.Mode {
@@ -176,6 +207,9 @@ func load(spec loadSpec) loadResult {
 				start := time.Since(epoch)
 				s := post(ctx, client, spec.URL, key)
 				end := time.Since(epoch)
+				if key != seedKey && s.err == nil {
+					ws.newKeys++
+				}
 				t0, t1 := t0ns.Load(), t1ns.Load()
 				if t0 < 0 || int64(end) < t0 || (t1 != 0 && int64(end) > t1) {
 					continue
@@ -208,6 +242,12 @@ func load(spec loadSpec) loadResult {
 	}
 	stop.Store(true)
 	wg.Wait()
+	res.UpstreamRuns = -1
+	if runsBefore >= 0 {
+		if after := upstreamRuns(spec.Upstream, spec.Route); after >= 0 {
+			res.UpstreamRuns = int(after - runsBefore)
+		}
+	}
 
 	var all []time.Duration
 	res.Statuses = map[string]int{}
@@ -215,6 +255,7 @@ func load(spec loadSpec) loadResult {
 		all = append(all, ws.lat...)
 		res.Errors += ws.errors
 		res.Replayed += ws.replayed
+		res.NewKeys += ws.newKeys
 		for st, n := range ws.statuses {
 			res.Statuses[strconv.Itoa(st)] += n
 			if st != http.StatusCreated {
@@ -236,6 +277,25 @@ func load(spec loadSpec) loadResult {
 		res.MaxUs = micros(all[len(all)-1])
 	}
 	return res
+}
+
+// upstreamRuns is how many requests of route the upstream at addr has run,
+// from its /_runs; -1 without an upstream or an answer.
+func upstreamRuns(addr, route string) int64 {
+	if addr == "" || route == "" {
+		return -1
+	}
+	c := &http.Client{Timeout: 5 * time.Second}
+	resp, err := c.Get("http://" + addr + "/_runs")
+	if err != nil {
+		return -1
+	}
+	defer resp.Body.Close()
+	var counts map[string]int64
+	if err := json.NewDecoder(resp.Body).Decode(&counts); err != nil {
+		return -1
+	}
+	return counts[route]
 }
 
 // percentile is the nearest-rank percentile of sorted durations.
@@ -429,10 +489,12 @@ func benchCmd(args []string) error {
 	duration := fs.Duration("duration", 2*time.Second, "measured time per run")
 	warmup := fs.Duration("warmup", 500*time.Millisecond, "unmeasured time before each run")
 	rounds := fs.Int("rounds", 3, "rounds per case; each round runs every route once")
+	replayKeys := fs.Int("replay-keys", 1, "stored keys the replays ask for, spread over the workers (replay and mix modes)")
 	pids := fs.String("pids", "", "processes whose CPU time is read, name=pid,...; 'caddy' is Caddy, the rest are stores (descendants and reaped children included)")
 	otherPids := fs.String("other-pids", "", "more processes of the benchmark (upstream), name=pid,...; read but not counted per request")
 	clkTck := fs.Int("clk-tck", 100, "clock ticks per second (getconf CLK_TCK)")
 	redisAddr := fs.String("redis", "", "Redis to FLUSHALL before each case (keeps memory flat)")
+	upstream := fs.String("upstream", "", "the upstream's host:port, whose /_runs counts each route's runs")
 	out := fs.String("out", "results.jsonl", "JSON lines output, appended")
 	_ = fs.Parse(args)
 	if *base == "" {
@@ -484,12 +546,15 @@ func benchCmd(args []string) error {
 					after := map[string]int64{}
 					var oursBefore, oursAfter, busyBefore, busyAfter int64
 					spec := loadSpec{
-						URL:      strings.TrimRight(*base, "/") + "/" + route + "/orders",
-						Mode:     mode,
-						Conc:     conc,
-						Warmup:   *warmup,
-						Duration: *duration,
-						KeyBase:  fmt.Sprintf("%s-%s-%s-c%d-r%d", runID, route, mode, conc, round),
+						URL:        strings.TrimRight(*base, "/") + "/" + route + "/orders",
+						Mode:       mode,
+						Conc:       conc,
+						Warmup:     *warmup,
+						Duration:   *duration,
+						KeyBase:    fmt.Sprintf("%s-%s-%s-c%d-r%d", runID, route, mode, conc, round),
+						Upstream:   *upstream,
+						Route:      route,
+						ReplayKeys: *replayKeys,
 						onStart: func() {
 							busyBefore = machineBusyTicks()
 							for _, p := range procs {
@@ -537,6 +602,9 @@ func benchCmd(args []string) error {
 					if res.Errors > 0 || res.Unexpect > 0 || res.SeedError != "" {
 						flag = fmt.Sprintf("  !! errors=%d unexpected=%d statuses=%v %s %s", res.Errors, res.Unexpect, res.Statuses, res.FirstErr, res.SeedError)
 					}
+					if res.UpstreamRuns >= 0 && res.UpstreamRuns != res.NewKeys {
+						flag += fmt.Sprintf("  !! the upstream ran %d times for %d new keys", res.UpstreamRuns, res.NewKeys)
+					}
 					fmt.Fprintf(os.Stderr, "%-6s c=%-3d round %d %-9s %8.0f req/s  p50 %7.0fus  p99 %7.0fus  cpu %6.1fus/req  others %3.0f%%  replayed %5.1f%%%s\n",
 						mode, conc, round+1, route, res.RPS, res.P50us, res.P99us, rec.CPUTotalUs, rec.OthersPct,
 						100*float64(res.Replayed)/float64(max(res.Requests, 1)), flag)
@@ -577,12 +645,13 @@ func runCmd(args []string) error {
 	conc := fs.Int("conc", 64, "concurrency")
 	duration := fs.Duration("duration", 10*time.Second, "measured time")
 	warmup := fs.Duration("warmup", 500*time.Millisecond, "unmeasured time first")
+	replayKeys := fs.Int("replay-keys", 1, "stored keys the replays ask for, spread over the workers (replay and mix modes)")
 	_ = fs.Parse(args)
 	if *url == "" {
 		return errors.New("-url is required")
 	}
 	res := load(loadSpec{URL: *url, Mode: *mode, Conc: *conc, Warmup: *warmup, Duration: *duration,
-		KeyBase: "run-" + strconv.FormatInt(time.Now().UnixNano(), 36)})
+		KeyBase: "run-" + strconv.FormatInt(time.Now().UnixNano(), 36), ReplayKeys: *replayKeys})
 	return json.NewEncoder(os.Stdout).Encode(res)
 }
 

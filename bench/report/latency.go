@@ -7,7 +7,8 @@ import (
 
 // latencyRoutes are the routes whose added latency over reverse_proxy the
 // report shows: the stores, and the floors they are measured against.
-var latencyRoutes = []string{"memory", "redis", "redis_unpipelined", "redis_cached", "postgres", "file", "baseline_cas", "baseline_pg"}
+var latencyRoutes = []string{"memory", "redis", "redis_unpipelined", "redis_cached", "postgres", "postgres_unpipelined", "file",
+	"baseline_cas", "baseline_pg"}
 
 // writeAddedLatency writes, per key mode, what each route adds to plain
 // reverse_proxy's p50 and p99 latency: the median over rounds of the

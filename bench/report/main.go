@@ -41,6 +41,10 @@ type run struct {
 	P50us      float64            `json:"p50_us"`
 	P99us      float64            `json:"p99_us"`
 	SeedError  string             `json:"seed_error"`
+	// The fresh keys sent over the whole load and the upstream's runs of
+	// the route meanwhile (-1: not counted; absent in older results).
+	NewKeys      int  `json:"new_keys"`
+	UpstreamRuns *int `json:"upstream_runs"`
 }
 
 type wave struct {
@@ -83,14 +87,14 @@ type cell struct {
 }
 
 type ratios struct {
-	rps, cpu, p99, storeCPU float64
+	rps, cpu, p99, storeCPU, p50 float64
 	// cpuMid is the middle half of the per-round CPU ratios (25th to
 	// 75th percentile): how far one round's ratio strays on this machine.
 	cpuMid [2]float64
 }
 
 // references are the routes others are compared with, round by round.
-var references = []string{"proxy", "baseline", "baseline_cas", "baseline_pg", "memory", "redis"}
+var references = []string{"proxy", "baseline", "baseline_cas", "baseline_pg", "memory", "redis", "postgres_unpipelined"}
 
 // metric names one of the ratios.
 type metric int
@@ -100,6 +104,7 @@ const (
 	cpuPerReq
 	p99Latency
 	storeCPU // the store servers' own CPU per request
+	p50Latency
 )
 
 func (r ratios) get(m metric) float64 {
@@ -110,6 +115,8 @@ func (r ratios) get(m metric) float64 {
 		return r.cpu
 	case storeCPU:
 		return r.storeCPU
+	case p50Latency:
+		return r.p50
 	default:
 		return r.p99
 	}
@@ -216,8 +223,11 @@ func main() {
 		"baseline_pg": "`idem_baseline_pg` (bench/baseline: one `INSERT ... ON CONFLICT DO NOTHING` of a random 16-byte owner token, " +
 			"combined with the read of the existing row, to claim or read, then one `UPDATE ... WHERE key AND token` to store; " +
 			"a plain table with a primary key, same server as postgres, nothing else) + `reverse_proxy`",
-		"postgres": "`idempotency` with `store postgres` (private server, fsync off) + `reverse_proxy`",
-		"file":     "`idempotency` with `store file` (bbolt, a synced transaction per write or group of concurrent writes) + `reverse_proxy`",
+		"postgres": "`idempotency` with `store postgres` (private server; statements made while others are on the wire go as one batch, " +
+			"the default) + `reverse_proxy`",
+		"postgres_unpipelined": "`idempotency` with `store postgres { pipelining off }` (every statement on its own; same server, " +
+			"table of its own) + `reverse_proxy`",
+		"file": "`idempotency` with `store file` (bbolt, a synced transaction per write or group of concurrent writes) + `reverse_proxy`",
 	}
 	for _, r := range routes {
 		w("| %s | %s |\n", r, cmpOr(desc[r], r))
@@ -250,7 +260,7 @@ func main() {
 
 	modeTitle := map[string]string{
 		"new":    "New key every request (first execution: claim, upstream, store)",
-		"replay": "Replay of one stored key (one store read, no upstream)",
+		"replay": "Replay of a stored key (one store read, no upstream; how many keys the replays spread over: Settings)",
 		"mix":    "50/50 mix of new keys and replays",
 	}
 	for _, mode := range modes {
@@ -280,6 +290,7 @@ func main() {
 	}
 
 	writePGFloor(&md, cells, modes, concs)
+	writeUpstreamRuns(&md, runs)
 	writeAddedLatency(&md, cells, modes, concs)
 	writeTargets(&md, cells, concs)
 
@@ -343,7 +354,7 @@ func cmpOr(a, b string) string {
 // orderRoutes puts the reference routes first.
 func orderRoutes(routes []string) []string {
 	rank := map[string]int{"proxy": 0, "baseline": 1, "baseline_cas": 2, "memory": 3, "redis": 4, "redis_unpipelined": 5, "redis_cached": 6,
-		"baseline_pg": 7, "postgres": 8, "file": 9}
+		"baseline_pg": 7, "postgres": 8, "postgres_unpipelined": 9, "file": 10}
 	sort.SliceStable(routes, func(i, j int) bool {
 		ri, ok := rank[routes[i]]
 		if !ok {
@@ -415,7 +426,7 @@ func pairedRatios(c, ref *cell) ratios {
 	for _, r := range ref.runs {
 		byRound[r.Round] = r
 	}
-	var rps, cpu, p99, store []float64
+	var rps, cpu, p99, p50, store []float64
 	for _, r := range c.runs {
 		b, ok := byRound[r.Round]
 		if !ok {
@@ -433,8 +444,11 @@ func pairedRatios(c, ref *cell) ratios {
 		if b.P99us > 0 {
 			p99 = append(p99, r.P99us/b.P99us)
 		}
+		if b.P50us > 0 {
+			p50 = append(p50, r.P50us/b.P50us)
+		}
 	}
-	return ratios{median(rps), median(cpu), median(p99), median(store), [2]float64{quantile(cpu, 0.25), quantile(cpu, 0.75)}}
+	return ratios{median(rps), median(cpu), median(p99), median(store), median(p50), [2]float64{quantile(cpu, 0.25), quantile(cpu, 0.75)}}
 }
 
 // quantile is the q-quantile of v, interpolated between the closest ranks.
@@ -558,12 +572,13 @@ var palette = []color.Color{
 	color.RGBA{0xe3, 0x77, 0xc2, 0xff}, // baseline_pg: pink
 	color.RGBA{0x8c, 0x56, 0x4b, 0xff}, // redis_cached: brown
 	color.RGBA{0xbc, 0xbd, 0x22, 0xff}, // redis_unpipelined: olive
+	color.RGBA{0x7f, 0x7f, 0x7f, 0xff}, // postgres_unpipelined: grey
 }
 
 // routeColor keeps each known route's colour whichever routes ran.
 func routeColor(route string, k int) color.Color {
 	i, ok := map[string]int{"proxy": 0, "baseline": 1, "memory": 2, "redis": 3, "postgres": 4, "file": 5, "baseline_cas": 6,
-		"baseline_pg": 7, "redis_cached": 8, "redis_unpipelined": 9}[route]
+		"baseline_pg": 7, "redis_cached": 8, "redis_unpipelined": 9, "postgres_unpipelined": 10}[route]
 	if !ok {
 		i = k
 	}

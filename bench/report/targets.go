@@ -76,6 +76,29 @@ func writeTargets(md *strings.Builder, cells map[caseKey]map[string]*cell, concs
 		writeTargetTable(md, issue12, cells, concs)
 	}
 
+	var issue37 []target
+	for _, t := range []target{
+		{"postgres new key: throughput ≥ 2 × baseline_pg (c=64)", "new", "postgres", "baseline_pg", throughput, 2.0, false, false},
+		{"postgres new key: CPU/req ≤ 0.8 × baseline_pg (c=64)", "new", "postgres", "baseline_pg", cpuPerReq, 0.8, true, false},
+		{"postgres replay: CPU/req ≤ 1.0 × baseline_pg (c=16, 64)", "replay", "postgres", "baseline_pg", cpuPerReq, 1.0, true, false},
+		{"postgres new key: p50 ≤ 1.10 × postgres_unpipelined (c=1)", "new", "postgres", "postgres_unpipelined", p50Latency, 1.10, true, false},
+		{"postgres new key: p99 ≤ 1.10 × postgres_unpipelined (c=1)", "new", "postgres", "postgres_unpipelined", p99Latency, 1.10, true, false},
+		{"postgres replay: p50 ≤ 1.10 × postgres_unpipelined (c=1)", "replay", "postgres", "postgres_unpipelined", p50Latency, 1.10, true, false},
+		{"postgres replay: p99 ≤ 1.10 × postgres_unpipelined (c=1)", "replay", "postgres", "postgres_unpipelined", p99Latency, 1.10, true, false},
+	} {
+		if ran(cells, t.route) && ran(cells, t.ref) {
+			issue37 = append(issue37, t)
+		}
+	}
+	if len(issue37) > 0 {
+		fmt.Fprintf(md, "## Issue 37 targets\n\n")
+		fmt.Fprintf(md, "Read as above; each target applies at the concurrency in brackets, the other columns are for reference.\n")
+		fmt.Fprintf(md, "The issue sets them with fsync and synchronous_commit on (`PG_FSYNC=1`, see Machine). The latency rows\n")
+		fmt.Fprintf(md, "compare the store with pipelining, the default, against the same store with `pipelining off`, which sends\n")
+		fmt.Fprintf(md, "each statement on its own as the store did before batching.\n\n")
+		writeTargetTable(md, issue37, cells, concs)
+	}
+
 	var issue19 []target
 	for _, t := range []target{
 		{"redis new key: CPU/req ≤ 0.90 × baseline_cas", "new", "redis", "baseline_cas", cpuPerReq, 0.90, true, false},
