@@ -136,10 +136,11 @@ func (a *attempt) claimKey() error {
 // it is sent, each time: a won claim's lease is counted from then
 // (leases.start).
 //
-// Within this process a key's claims go one at a time (claimsInFlight),
-// and a claim the store failed is set to be withdrawn before the next is
-// sent, which first lands the withdrawal: so no request here finds, as a
-// dead owner's, a claim that this process sent and could not confirm.
+// Within this process a key's claim waits for an earlier one that the
+// store is slow to answer (claimsInFlight), and a claim the store failed is
+// set to be withdrawn before the next is sent, which first lands the
+// withdrawal: so no request here finds, as a dead owner's, a claim that
+// this process sent and could not confirm.
 //
 // A claim won only after a third of its lease, when its first renewal is
 // due, is renewed before it runs: the store may count its lease from when
@@ -147,10 +148,12 @@ func (a *attempt) claimKey() error {
 // lands late), so a duplicate may already be free to take it over. If the
 // renewal fails, the request does not run, as if the claim had failed.
 func (a *attempt) acquire(ctx context.Context) (store.Acquired, error) {
-	if !claimsInFlight.begin(a.key) {
+	switch first, ok := claimsInFlight.begin(a.key); {
+	case !ok:
 		return store.Acquired{}, errClaimInFlight
+	case first:
+		defer claimsInFlight.end(a.key)
 	}
-	defer claimsInFlight.end(a.key)
 	withdrawals.land(ctx, a.key)
 	a.claim.CreatedAt = time.Now()
 	got, err := a.h.store.Acquire(ctx, a.key, &a.claim)

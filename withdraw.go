@@ -201,59 +201,76 @@ func (w *withdrawal) try(ctx context.Context) bool {
 	return false
 }
 
-// A request's claim waits, within this process, for a claim of the same
-// key under way here to be answered, for up to inFlightWait; past it, as
-// when the store is slow or away, it is answered as a duplicate in flight
-// (409, or waits). So a claim that this process sent and could not
-// confirm is set to be withdrawn before another claim of its key leaves
-// here, without queueing a burst of retries behind a failing store.
+// A request's claim waits, within this process, for an earlier claim of
+// the same key that has been under way here for longer than a store call
+// takes (slowClaim): the store may be failing it, and it may land all the
+// same, so it is to be set to be withdrawn before another claim of its key
+// leaves here. The wait lasts at most inFlightWait; past it the request is
+// answered as a duplicate in flight (409, or waits), so that a burst of
+// retries never queues behind a failing store. A claim under way for less
+// than slowClaim is not waited for: a key's concurrent retries, answered
+// by a healthy store, run side by side.
 
-// errClaimInFlight is acquire's answer when another claim of the key is
+// errClaimInFlight is acquire's answer when an earlier claim of the key is
 // under way here for longer than inFlightWait.
 var errClaimInFlight = errors.New("another claim of the key is under way in this process")
 
-const inFlightWait = time.Second
+const (
+	slowClaim    = 50 * time.Millisecond
+	inFlightWait = time.Second
+)
 
-var claimsInFlight = inFlight{byKey: make(map[store.Key]*inFlightClaim)}
+var claimsInFlight = inFlight{byKey: make(map[store.Key]inFlightClaim)}
 
 type inFlight struct {
 	mu    sync.Mutex
-	byKey map[store.Key]*inFlightClaim // nil: under way, and nobody waits for it
+	byKey map[store.Key]inFlightClaim
 }
 
-// inFlightClaim is made for a claim under way once another waits for it.
-type inFlightClaim struct{ done chan struct{} }
+// inFlightClaim is the first claim of a key under way here; claims sent
+// beside it while it is young are not noted.
+type inFlightClaim struct {
+	started time.Time
+	done    chan struct{} // made by the first to wait; closed by end
+}
 
-// begin notes key's claim as under way here, once the one under way, if
-// any, is answered; false if it was not within inFlightWait.
-func (f *inFlight) begin(key store.Key) bool {
-	f.mu.Lock()
-	c, busy := f.byKey[key]
-	if !busy {
-		f.byKey[key] = nil
+// begin notes a claim of key as under way, once an earlier one under way
+// for longer than slowClaim, if any, is answered: first reports whether it
+// is noted (then end must be called), ok false if no answer came within
+// inFlightWait.
+func (f *inFlight) begin(key store.Key) (first, ok bool) {
+	deadline := time.Now().Add(inFlightWait)
+	for {
+		f.mu.Lock()
+		c, busy := f.byKey[key]
+		switch {
+		case !busy:
+			f.byKey[key] = inFlightClaim{started: time.Now()}
+			f.mu.Unlock()
+			return true, true
+		case time.Since(c.started) < slowClaim:
+			f.mu.Unlock()
+			return false, true
+		case c.done == nil:
+			c.done = make(chan struct{})
+			f.byKey[key] = c
+		}
 		f.mu.Unlock()
-		return true
-	}
-	if c == nil {
-		c = &inFlightClaim{done: make(chan struct{})}
-		f.byKey[key] = c
-	}
-	f.mu.Unlock()
-	select {
-	case <-c.done:
-		return f.begin(key)
-	case <-time.After(inFlightWait):
-		return false
+		select {
+		case <-c.done:
+		case <-time.After(time.Until(deadline)):
+			return false, false
+		}
 	}
 }
 
-// end notes that key's claim under way here was answered.
+// end notes that key's first claim under way here was answered.
 func (f *inFlight) end(key store.Key) {
 	f.mu.Lock()
 	c := f.byKey[key]
 	delete(f.byKey, key)
 	f.mu.Unlock()
-	if c != nil {
+	if c.done != nil {
 		close(c.done)
 	}
 }
