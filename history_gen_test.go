@@ -33,10 +33,11 @@ const (
 	upHang                         // no answer until its work is cancelled
 	upLarge                        // 201 with a body over a small max_response_body
 	upNoContent                    // 204
+	upSlowError                    // 503 after 1.6 leases: released late, a waiter past its lease claims
 	numBehaviours
 )
 
-var behaviourNames = [numBehaviours]string{"fast", "slow", "400", "409", "503", "429", "panic", "hang", "large", "204"}
+var behaviourNames = [numBehaviours]string{"fast", "slow", "400", "409", "503", "429", "panic", "hang", "large", "204", "slow503"}
 
 func (b behaviour) String() string { return behaviourNames[b] }
 
@@ -196,7 +197,7 @@ func generate(seed uint64, store string) *history {
 
 	// Behaviours are weighted towards the ordinary: most requests succeed.
 	weights := [numBehaviours]int{upFast: 30, upSlow: 10, upClientError: 6, upConflict: 5, upServerError: 8,
-		upTooMany: 5, upPanic: 5, upHang: 3, upLarge: 5, upNoContent: 4}
+		upTooMany: 5, upPanic: 5, upHang: 3, upLarge: 5, upNoContent: 4, upSlowError: 6}
 	total := 0
 	for _, w := range weights {
 		total += w

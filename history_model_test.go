@@ -127,7 +127,7 @@ func (m *keyModel) ending(b behaviour) runClass {
 		if r.release409 {
 			return classReleased
 		}
-	case upServerError:
+	case upServerError, upSlowError:
 		return classReleased
 	case upTooMany:
 		if !r.release409 {

@@ -437,6 +437,9 @@ func (run *histRun) serveUpstream(w http.ResponseWriter, r *http.Request) {
 		status = http.StatusConflict
 	case upServerError:
 		status = http.StatusServiceUnavailable
+	case upSlowError:
+		time.Sleep(slowRun)
+		status = http.StatusServiceUnavailable
 	case upTooMany:
 		status = http.StatusTooManyRequests
 	case upPanic:
