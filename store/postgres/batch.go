@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"slices"
@@ -45,7 +46,8 @@ const (
 
 // call is one statement: a query that returns the key's row into r, or,
 // with r nil, an owner-checked statement whose affected row count is its
-// answer.
+// answer. ctx bounds it; caller is the context of its caller, who may
+// leave before the bound (deadline.go).
 type call struct {
 	sql  string
 	args []any // args[0] is the key
@@ -61,18 +63,20 @@ type call struct {
 var callPool = sync.Pool{New: func() any { return &call{done: make(chan []*call, 1)} }}
 
 // query runs sql with r.args[:nargs], which begin with the key, and scans
-// its row into r.dest; found is false when it returned none.
-func (b *batcher) query(ctx context.Context, sql string, r *row, nargs int) (found bool, err error) {
-	return b.do(ctx, sql, r.args[:nargs], r)
+// its row into r.dest; found is false when it returned none. The
+// statement is bounded by ctx; caller, its caller's context, withdraws it
+// if it leaves while the statement waits in the queue.
+func (b *batcher) query(ctx, caller context.Context, sql string, r *row, nargs int) (found bool, err error) {
+	return b.do(ctx, caller, sql, r.args[:nargs], r)
 }
 
 // exec runs an owner-checked statement, whose first argument is the key,
 // and reports whether it affected a row.
-func (b *batcher) exec(ctx context.Context, sql string, args ...any) (bool, error) {
-	return b.do(ctx, sql, args, nil)
+func (b *batcher) exec(ctx, caller context.Context, sql string, args []any) (bool, error) {
+	return b.do(ctx, caller, sql, args, nil)
 }
 
-func (b *batcher) do(ctx context.Context, sql string, args []any, r *row) (bool, error) {
+func (b *batcher) do(ctx, caller context.Context, sql string, args []any, r *row) (bool, error) {
 	if err := ctx.Err(); err != nil {
 		// As pgx would answer it, without queueing a statement nobody waits for.
 		return false, err
@@ -96,12 +100,18 @@ func (b *batcher) do(ctx context.Context, sql string, args []any, r *row) (bool,
 	}
 	b.mu.Unlock()
 	var batch []*call
+	var left context.Context
 	select {
 	case batch = <-c.done:
 	case <-ctx.Done():
+		left = ctx
+	case <-caller.Done():
+		left = caller
+	}
+	if left != nil {
 		if b.withdraw(c) {
 			// Never sent: the caller that left runs nothing.
-			c.err = ctx.Err()
+			c.err = left.Err()
 		} else {
 			batch = <-c.done // taken into a batch already, which may be sending it
 		}
@@ -252,8 +262,7 @@ func runBatch(ctx context.Context, pool *pgxpool.Pool, calls []*call) (failed in
 				err = nil
 			}
 		}
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) {
+		if refused(err) {
 			// The server refused the statement: it skips the rest, and
 			// rolls the transaction back.
 			failed = i
@@ -276,4 +285,12 @@ func runBatch(ctx context.Context, pool *pgxpool.Pool, calls []*call) (failed in
 		c.err = err
 	}
 	return -1
+}
+
+// refused reports whether err is the server's refusal of a statement, an
+// ERROR, after which the connection goes on; not a FATAL one, which ends
+// the session (the server shutting down, the backend terminated).
+func refused(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && cmp.Or(pgErr.SeverityUnlocalized, pgErr.Severity) == "ERROR"
 }

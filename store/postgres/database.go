@@ -100,19 +100,21 @@ func (db *database) Destruct() error {
 }
 
 // query runs sql, a statement of one key, with r.args[:nargs], and scans
-// its row into r.dest: found is false when it returned none.
-func (db *database) query(ctx context.Context, sql string, r *row, nargs int) (found bool, err error) {
+// its row into r.dest: found is false when it returned none. ctx bounds
+// it; caller, the context it was bound from, withdraws it from a batch's
+// queue when its caller leaves (batch.go).
+func (db *database) query(ctx, caller context.Context, sql string, r *row, nargs int) (found bool, err error) {
 	if db.batch != nil {
-		return db.batch.query(ctx, sql, r, nargs)
+		return db.batch.query(ctx, caller, sql, r, nargs)
 	}
 	return runAlone(ctx, db.pool, sql, r.args[:nargs], r)
 }
 
 // exec runs sql, a statement of one key, which args begin with, and
 // reports whether it affected a row.
-func (db *database) exec(ctx context.Context, sql string, args ...any) (bool, error) {
+func (db *database) exec(ctx, caller context.Context, sql string, args []any) (bool, error) {
 	if db.batch != nil {
-		return db.batch.exec(ctx, sql, args...)
+		return db.batch.exec(ctx, caller, sql, args)
 	}
 	return runAlone(ctx, db.pool, sql, args, nil)
 }

@@ -37,6 +37,7 @@ func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (sto
 		}
 		version = s.tier.Version()
 	}
+	caller := ctx
 	ctx = s.db.deadlines.bound(ctx)
 	if err := s.db.ensure(ctx); err != nil {
 		return store.Acquired{}, err
@@ -46,7 +47,7 @@ func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (sto
 		r := &row{args: args}
 		r.dests(&r.won, &r.ttl)
 		start := time.Now()
-		found, err := s.db.query(ctx, s.db.q.acquire, r, 7)
+		found, err := s.db.query(ctx, caller, s.db.q.acquire, r, 7)
 		switch {
 		case err != nil:
 			return store.Acquired{}, s.unavailable("acquiring", err)
@@ -174,11 +175,12 @@ func (s *Store) exec(ctx context.Context, op, sql string, args ...any) error {
 // affected runs a statement once the table exists, and reports whether it
 // affected a row.
 func (s *Store) affected(ctx context.Context, op, sql string, args ...any) (bool, error) {
+	caller := ctx
 	ctx = s.db.deadlines.bound(ctx)
 	if err := s.db.ensure(ctx); err != nil {
 		return false, err
 	}
-	ok, err := s.db.exec(ctx, sql, args...)
+	ok, err := s.db.exec(ctx, caller, sql, args)
 	if err != nil {
 		return false, s.unavailable(op, err)
 	}
