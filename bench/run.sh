@@ -18,11 +18,12 @@
 #   CONCURRENCY="1 16 64 256" *
 #   MODES="new replay mix"   new key every request; replay of one key; 50/50
 #   REPLAY_KEYS=1      how many stored keys the replays ask for, worker w
-#                      the (w mod REPLAY_KEYS)th: the handler sends one
-#                      claim of a key at a time within a process, so with
-#                      one key every replay waits for the one before it;
-#                      set it to the highest concurrency to replay keys in
-#                      parallel
+#                      the (w mod REPLAY_KEYS)th: the handler holds a claim
+#                      back while an earlier one of its key has been under
+#                      way in the process for over 50ms, which a store call
+#                      under heavy load takes, so with one key replays can
+#                      queue behind each other; set it to the highest
+#                      concurrency to replay keys in parallel
 #   ROUTES=""          default: proxy baseline baseline_cas memory redis, plus
 #                      redis_cached when the redis store accepts local_cache,
 #                      postgres and baseline_pg when the postgres store is in
