@@ -249,8 +249,16 @@ func (run *histRun) close() {
 	}
 }
 
+// caddyGlobals serialises the provisioning of Caddy's reverse_proxy:
+// provisionContext and the proxy's metrics write package variables, which
+// Caddy itself only writes under its config lock, and histories play in
+// parallel.
+var caddyGlobals sync.Mutex
+
 // reverseProxy provisions Caddy's reverse_proxy to the upstream.
 func (run *histRun) reverseProxy() (caddyhttp.Handler, error) {
+	caddyGlobals.Lock()
+	defer caddyGlobals.Unlock()
 	base, err := caddy.ProvisionContext(&caddy.Config{})
 	if err != nil {
 		return nil, err
