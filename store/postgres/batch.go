@@ -15,10 +15,10 @@ import (
 )
 
 // batcher sends the statements of one key (claims, completions, releases,
-// renewals, watches) of one pool. A statement that finds the wire idle
-// goes alone, at once, exactly as without pipelining; those arriving
-// meanwhile queue, and go as one batch when the wire frees, or at once on
-// another connection once they fill a batch. A queued statement whose
+// renewals, watches) of one pool. A statement that finds fewer than wires
+// others on the wire (one per pool connection) goes alone, at once,
+// exactly as without pipelining; those arriving while all are busy queue,
+// and go in batches, one each time a wire frees. A queued statement whose
 // caller leaves is withdrawn; one taken into a batch waits for it.
 //
 // A batch is one pgx batch: every statement in one pipeline, one round
@@ -28,12 +28,12 @@ import (
 // A statement that fails rolls the transaction back: it runs again alone,
 // its failure its own, and the others run again as a batch (runBatch).
 type batcher struct {
-	pool *pgxpool.Pool
+	pool  *pgxpool.Pool
+	wires int // statements or batches sent at once before calls queue: the pool's size
 
 	mu     sync.Mutex
 	onWire int // statements or batches being sent and read
 	queue  []*call
-	queued int // the queue's size, about, in bytes of arguments
 }
 
 // A batch holds at most maxBatchCalls statements and about maxBatchBytes
@@ -82,8 +82,8 @@ func (b *batcher) do(ctx, caller context.Context, sql string, args []any, r *row
 		return false, err
 	}
 	b.mu.Lock()
-	if b.onWire == 0 {
-		b.onWire = 1
+	if b.onWire < b.wires {
+		b.onWire++
 		b.mu.Unlock()
 		// Deferred, so that a panic cannot leave the wire taken.
 		defer b.handOver()
@@ -92,12 +92,6 @@ func (b *batcher) do(ctx, caller context.Context, sql string, args []any, r *row
 	c := callPool.Get().(*call)
 	c.sql, c.args, c.r, c.size, c.ctx = sql, args, r, argBytes(args), ctx
 	b.queue = append(b.queue, c)
-	b.queued += c.size
-	if len(b.queue) >= maxBatchCalls || b.queued >= maxBatchBytes {
-		// Full: waiting would gain nothing, so it goes on a connection of its own.
-		b.onWire++
-		b.sendFirst()
-	}
 	b.mu.Unlock()
 	var batch []*call
 	var left context.Context
@@ -148,7 +142,6 @@ func (b *batcher) withdraw(c *call) bool {
 		return false
 	}
 	b.queue = slices.Delete(b.queue, i, i+1)
-	b.queued -= c.size
 	return true
 }
 
@@ -172,7 +165,6 @@ func (b *batcher) sendFirst() {
 		n++
 	}
 	b.queue = append(make([]*call, 0, cap(queue)), queue[n:]...)
-	b.queued -= size
 	queue[0].done <- queue[:n] // buffered: never blocks
 }
 

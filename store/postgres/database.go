@@ -82,7 +82,9 @@ func newDatabase(cfg *pgxpool.Config, schema, table string, create, pipelining b
 		done:      make(chan struct{}),
 	}
 	if pipelining {
-		db.batch = &batcher{pool: pool}
+		// As many statements go alone as the pool has connections: below
+		// that, a statement queued behind another would only wait.
+		db.batch = &batcher{pool: pool, wires: int(cfg.MaxConns)}
 	}
 	db.ready.Store(!create)
 	go db.run(ctx, reapInterval)
