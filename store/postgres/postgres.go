@@ -92,11 +92,13 @@ type Store struct {
 	SynchronousCommit string `json:"synchronous_commit,omitempty"`
 
 	// Pipelining sends the claims, completions, releases, renewals and
-	// watches that arrive while another is on the wire together: one
-	// round trip and one transaction, so one commit, for all of them. A
-	// statement that finds the wire idle goes at once, alone, as with
-	// pipelining off; a batch holds at most 16 statements and takes its
-	// rows in key order. Default: true.
+	// watches that arrive while every pooled connection (max_conns) is
+	// busy together, once one frees: one round trip and one transaction,
+	// so one commit, for all of them. A statement that finds a connection
+	// free goes at once, alone, as with pipelining off; a batch holds at
+	// most 16 statements and takes its rows in key order; a statement that
+	// fails runs again alone, so its failure is its own. Off, every
+	// statement waits for a connection of its own. Default: true.
 	Pipelining *bool `json:"pipelining,omitempty"`
 
 	// Resolved at provisioning; the exported fields keep what was written.
