@@ -112,6 +112,7 @@ const (
 	faultDeath                   // the instance dies; another starts in its place on what it left
 	faultFull                    // Redis is full for dur
 	faultReload                  // the instance's config is reloaded, the store block changed or not
+	faultSlow                    // never drawn: a store call of the instance took over slowCall (a loaded machine)
 )
 
 type histFault struct {
@@ -131,6 +132,8 @@ func (f histFault) String() string {
 		return fmt.Sprintf("@%v death i%d", f.at, f.instance)
 	case faultFull:
 		return fmt.Sprintf("@%v redis full for %v", f.at, f.dur)
+	case faultSlow:
+		return fmt.Sprintf("@%v a store call of i%d took %v", f.at, f.instance, f.dur)
 	}
 	return fmt.Sprintf("@%v reload i%d (store block changed %v)", f.at, f.instance, f.changed)
 }

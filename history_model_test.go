@@ -18,7 +18,7 @@ import (
 // request. Each run ends as the failure table says (decideEnding): its
 // answer stored, kept whole or not, released, or kept as an unknown
 // outcome. A run is troubled when a fault touched its instance while it
-// held its claim: its claim may then be lost (a dead owner's, taken over
+// held its claim (a drawn fault, or a store call slower than slowCall): its claim may then be lost (a dead owner's, taken over
 // once its lease passed) and its end may not reach the store, so it may
 // also end as a dead owner's. Requests that saw the store fail, and whose
 // claim may have landed all the same, hold the key for a lease past the
@@ -370,7 +370,7 @@ func (m *keyModel) checkRequest(res *histResult) {
 			allowed = m.heldOther(res, b, s, e) ||
 				m.recorded(res, s, e, other, classStored, classTruncated, classUnknown)
 		case "outcome-unknown":
-			allowed = m.recorded(res, s, e, same, classUnknown) || m.diedUnanswered(res, b)
+			allowed = m.recorded(res, s, e, same, classUnknown) || m.diedUnanswered(res, b) || m.cutOffUnconfirmed(res, b)
 		case "unreplayable":
 			allowed = m.recorded(res, s, e, same, classTruncated)
 		case "store-unavailable":
@@ -398,12 +398,13 @@ func (m *keyModel) heldOther(res *histResult, b binding, from, to time.Duration)
 }
 
 // concurrentHere reports whether another request of res's key was under
-// way on res's instance meanwhile, whatever its binding: a claim waits
-// for one under way in its process for at most a second, then is
-// answered 409 (claimsInFlight).
+// way in the process meanwhile, whatever its binding: a claim waits for
+// one under way in its process for at most a second, then is answered 409
+// (claimsInFlight). Every instance of a history plays in the test's one
+// process, so they share that gate, as two routes of one Caddy do.
 func (m *keyModel) concurrentHere(res *histResult) bool {
 	for _, p := range m.run.results {
-		if p.key == res.key && p != res && p.req.instance == res.req.instance && p.sent <= res.done && p.done >= res.sent {
+		if p.key == res.key && p != res && p.sent <= res.done && p.done >= res.sent {
 			return true
 		}
 	}
@@ -419,6 +420,29 @@ func (m *keyModel) diedUnanswered(res *histResult, b binding) bool {
 		if p.key == res.key && p != res && p.err != nil && p.sent <= res.done && m.bindingOf(p.req) == b &&
 			m.run.h.route.keep && m.died(p.req.instance, p.sent, p.done) {
 			return true
+		}
+	}
+	return false
+}
+
+// cutOffUnconfirmed reports whether, with keep and two instances, a
+// request of res's key and binding b that never ran saw its instance lose
+// the store for longer than a lease: its claim may have landed unconfirmed
+// and outlived its lease before its withdrawal could land, and the other
+// instance then takes it over as a dead owner's, an unknown outcome (the
+// limit that docs/guarantees.md states).
+func (m *keyModel) cutOffUnconfirmed(res *histResult, b binding) bool {
+	if !m.run.h.route.keep || m.run.h.instances < 2 {
+		return false
+	}
+	for _, p := range m.run.results {
+		if p.key != res.key || p == res || m.byReq[p.id] != nil || m.bindingOf(p.req) != b || p.sent > res.done {
+			continue
+		}
+		for _, w := range m.faultsOn(p.req.instance, p.sent, p.done) {
+			if w.f.kind != faultDeath && w.f.kind != faultFull && w.end >= p.sent+histLease-slack {
+				return true
+			}
 		}
 	}
 	return false
@@ -555,6 +579,19 @@ func (run *histRun) report() string {
 	}
 	for _, u := range run.runs {
 		fmt.Fprintf(&b, "    run %d of %s: %v to %v, answered %d\n", u.id, u.reqID, u.start.Round(time.Millisecond), u.end.Round(time.Millisecond), u.status)
+	}
+	// The instances' warnings, by key: what the handler saw of its store.
+	keys := map[string]string{}
+	for _, k := range run.h.keys {
+		keys[store.NewKey("", run.play+"-"+k.name).String()] = k.name
+	}
+	for i, logs := range run.logs {
+		for _, e := range logs.All() {
+			fields := e.ContextMap()
+			if name, ok := keys[fmt.Sprint(fields["key_hash"])]; ok {
+				fmt.Fprintf(&b, "    log %d, key %s, @%v: %s %v\n", i, name, e.Time.Sub(run.start).Round(time.Millisecond), e.Message, fields["error"])
+			}
+		}
 	}
 	return b.String()
 }

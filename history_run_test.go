@@ -130,8 +130,16 @@ type histProcess struct {
 // dead process left them, once its last call has returned.
 type killable struct {
 	store.Store
-	p *histProcess
+	p        *histProcess
+	run      *histRun
+	instance int
 }
+
+// slowCall is how long a store call may take before the model counts it
+// as a fault of its own: a claim whose renewal takes longer than a third
+// of its lease may be lost, as its instance then logs. On this shared
+// machine a loaded host slows the store as a stalled link would.
+const slowCall = histLease / 4
 
 var errDeadProcess = errors.New("the process is dead")
 
@@ -145,13 +153,24 @@ func (k killable) enter() bool {
 	return true
 }
 
-func (k killable) leave() { k.p.calls.Add(-1) }
+// leave ends a call that began at start, and records it as a fault of
+// its instance if it was slow.
+func (k killable) leave(start time.Time) {
+	k.p.calls.Add(-1)
+	if took := time.Since(start); took > slowCall {
+		end := k.run.now()
+		w := faultWindow{f: histFault{at: end - took, dur: took, kind: faultSlow, instance: k.instance}, start: end - took, end: end}
+		k.run.mu.Lock()
+		k.run.faultsAt = append(k.run.faultsAt, w)
+		k.run.mu.Unlock()
+	}
+}
 
 func (k killable) Acquire(ctx context.Context, key store.Key, c *store.Claim) (store.Acquired, error) {
 	if !k.enter() {
 		return store.Acquired{}, store.Unavailable("acquiring", errDeadProcess)
 	}
-	defer k.leave()
+	defer k.leave(time.Now())
 	return k.Store.Acquire(ctx, key, c)
 }
 
@@ -159,7 +178,7 @@ func (k killable) Complete(ctx context.Context, key store.Key, c *store.Claim, r
 	if !k.enter() {
 		return store.Unavailable("completing", errDeadProcess)
 	}
-	defer k.leave()
+	defer k.leave(time.Now())
 	return k.Store.Complete(ctx, key, c, r, ttl)
 }
 
@@ -167,7 +186,7 @@ func (k killable) Release(ctx context.Context, key store.Key, tok store.Token) e
 	if !k.enter() {
 		return store.Unavailable("releasing", errDeadProcess)
 	}
-	defer k.leave()
+	defer k.leave(time.Now())
 	return k.Store.Release(ctx, key, tok)
 }
 
@@ -175,7 +194,7 @@ func (k killable) Renew(ctx context.Context, key store.Key, tok store.Token, lea
 	if !k.enter() {
 		return store.Unavailable("renewing", errDeadProcess)
 	}
-	defer k.leave()
+	defer k.leave(time.Now())
 	return k.Store.Renew(ctx, key, tok, lease)
 }
 
@@ -391,7 +410,7 @@ func (run *histRun) provision(p *histProcess, instance int, changed bool) (*Hand
 		return nil, nil, err
 	}
 	logs := watchLogs(h)
-	h.store = killable{Store: h.store, p: p}
+	h.store = killable{Store: h.store, p: p, run: run, instance: instance}
 	h.leases.store = h.store
 	run.mu.Lock()
 	run.logs = append(run.logs, logs)
