@@ -3,7 +3,6 @@
 package table
 
 import (
-	"container/list"
 	"fmt"
 	"iter"
 	"sync"
@@ -14,11 +13,14 @@ import (
 
 const (
 	sweepInterval = time.Minute
-	// overhead approximates what a record costs beyond its blob (its
-	// Entry, its list element and its share of the map), so max_bytes
-	// stays honest.
-	overhead = 192
-	// MaxEntries is the most entries a table holds.
+	// overhead approximates what a record costs beyond its blob (its slot,
+	// index words, allocation rounding), so max_bytes stays honest.
+	overhead = 128
+	// chunkLen slots are allocated at a time, so that entries never move.
+	chunkLen = 1 << 10
+	none     = -1
+	// MaxEntries is the most entries a table holds: slots are numbered in
+	// an int32, packed with their hash in one index word.
 	MaxEntries = 1 << 30
 )
 
@@ -27,34 +29,45 @@ var (
 	errTooLarge = fmt.Errorf("%w: the record is larger than the memory store holds", store.ErrUnavailable)
 )
 
-// Table is a map of records bounded in entries and bytes, with the
-// completed ones in a list, oldest first, for eviction. Every method but
-// Destruct is called with its mutex held.
+// Table is a map of records bounded in entries and bytes. Every method but
+// Destruct is called with its mutex held. So that the GC follows one
+// pointer per record, each is a pointer-free blob in slots of a few large
+// arrays, linked by slot number and found through an index (index.go).
 type Table struct {
 	sync.Mutex
-	entries map[store.Key]*Entry
-	// evictable lists the completed entries in order of completion;
-	// evictableBytes is what evicting them all would free.
-	evictable      *list.List
-	evictableBytes int64
+	index  []uint64
+	chunks [][]Entry
+	slots  int32 // slots handed out, in use or free
+	free   int32 // the first free slot; each free slot's next is the one after
+	n      int   // entries
+	// oldest and newest end the eviction list: the completed entries in
+	// order of completion. completed and evictable count its entries and
+	// bytes: what evicting can free.
+	oldest, newest int32
 	bytes          int64
+	completed      int
+	evictable      int64
 	evicted        uint64 // see TakeEvicted
 	maxEntries     int
 	maxBytes       int64
 	stop           chan struct{}
 }
 
-// Entry is one record in a Table: a pointer to it is good while the table
-// is locked and the entry in it.
+// Entry is one record in a Table, in a slot that never moves: a pointer to
+// it is good while the table is locked and the entry in it.
 type Entry struct {
 	Key store.Key
 	// Blob is the encoded record, never written once built, so records
-	// decoded from it may alias it, even outside the lock.
+	// decoded from it may alias it, even outside the lock. A free slot has
+	// none.
 	Blob store.Encoded
-	// Expires is the end of the lease or TTL, in Unix nanoseconds.
+	// Expires is the end of the lease or TTL, in Unix nanoseconds: a
+	// time.Time would hold a *Location for the GC to follow.
 	Expires int64
 	size    int64
-	elem    *list.Element // in the eviction list, if completed
+	// prev and next link the eviction list, next also the free slots.
+	prev, next int32
+	slot       int32
 }
 
 // Size is what an entry holding blob counts for against the table's bytes.
@@ -103,8 +116,16 @@ func (t *Table) sweep() {
 	}
 }
 
+func (t *Table) at(s int32) *Entry { return &t.chunks[s/chunkLen][s%chunkLen] }
+
 // Lookup returns the entry for k, expired or not; nil if there is none.
-func (t *Table) Lookup(k store.Key) *Entry { return t.entries[k] }
+func (t *Table) Lookup(k store.Key) *Entry {
+	pos, found := t.find(&k)
+	if !found {
+		return nil
+	}
+	return t.at(slotOf(t.index[pos]))
+}
 
 // Live returns the entry for k unexpired at n (Unix nanoseconds), dropping
 // an expired one.
@@ -117,10 +138,15 @@ func (t *Table) Live(k store.Key, n int64) *Entry {
 	return e
 }
 
-// Remove drops e from the table.
+// Remove drops e from the table and frees its slot.
 func (t *Table) Remove(e *Entry) {
 	t.uncount(e)
-	delete(t.entries, e.Key)
+	pos, _ := t.find(&e.Key)
+	t.unindex(pos)
+	s := e.slot
+	*e = Entry{slot: s, next: t.free} // lets go of the blob
+	t.free = s
+	t.n--
 }
 
 // Insert adds k's record and returns its entry; a completed one becomes
@@ -129,12 +155,33 @@ func (t *Table) Insert(k store.Key, blob store.Encoded, expires int64) *Entry {
 	if len(blob) == 0 {
 		panic("table: inserting an empty blob")
 	}
-	if _, found := t.entries[k]; found {
+	t.grow()
+	h := hash32(&k)
+	pos, found := t.probe(&k, h)
+	if found {
 		panic("table: inserting a key the table holds")
 	}
-	e := &Entry{Key: k, Blob: blob, Expires: expires}
-	t.entries[k] = e
+	e := t.takeSlot()
+	e.Key, e.Blob, e.Expires = k, blob, expires
+	t.index[pos] = pack(h, e.slot)
+	t.n++
 	t.count(e)
+	return e
+}
+
+// takeSlot returns a free slot, or a new one.
+func (t *Table) takeSlot() *Entry {
+	if t.free != none {
+		e := t.at(t.free)
+		t.free = e.next
+		return e
+	}
+	if int(t.slots) == len(t.chunks)*chunkLen {
+		t.chunks = append(t.chunks, make([]Entry, chunkLen))
+	}
+	e := t.at(t.slots)
+	e.slot = t.slots
+	t.slots++
 	return e
 }
 
@@ -158,20 +205,42 @@ func (t *Table) Replace(e *Entry, blob store.Encoded, expires int64) error {
 func (t *Table) count(e *Entry) {
 	e.size = Size(e.Blob)
 	t.bytes += e.size
+	e.prev, e.next = none, none
 	if e.Blob.State() == store.Completed {
-		e.elem = t.evictable.PushBack(e)
-		t.evictableBytes += e.size
+		t.completed++
+		t.evictable += e.size
+		e.prev = t.newest
+		if t.newest != none {
+			t.at(t.newest).next = e.slot
+		} else {
+			t.oldest = e.slot
+		}
+		t.newest = e.slot
 	}
 }
 
 // uncount takes e out of the table's bytes and the eviction list.
 func (t *Table) uncount(e *Entry) {
-	if e.elem != nil {
-		t.evictable.Remove(e.elem)
-		e.elem = nil
-		t.evictableBytes -= e.size
+	if e.Blob.State() == store.Completed {
+		t.unlink(e)
+		t.completed--
+		t.evictable -= e.size
 	}
 	t.bytes -= e.size
+}
+
+func (t *Table) unlink(e *Entry) {
+	if e.prev != none {
+		t.at(e.prev).next = e.next
+	} else {
+		t.oldest = e.next
+	}
+	if e.next != none {
+		t.at(e.next).prev = e.prev
+	} else {
+		t.newest = e.prev
+	}
+	e.prev, e.next = none, none
 }
 
 // MakeRoom evicts the oldest completed records until need more bytes and
@@ -185,7 +254,7 @@ func (t *Table) makeRoom(need int64, more int) error {
 	switch {
 	case need > t.maxBytes:
 		return errTooLarge
-	case len(t.entries)-t.evictable.Len()+more > t.maxEntries || t.bytes-t.evictableBytes+need > t.maxBytes:
+	case t.n-t.completed+more > t.maxEntries || t.bytes-t.evictable+need > t.maxBytes:
 		return errFull
 	}
 	t.evictFor(need, more)
@@ -196,12 +265,8 @@ func (t *Table) makeRoom(need int64, more int) error {
 // more entries fit, or none is left to evict.
 func (t *Table) evictFor(need int64, more int) {
 	var now int64
-	for len(t.entries)+more > t.maxEntries || t.bytes+need > t.maxBytes {
-		oldest := t.evictable.Front()
-		if oldest == nil {
-			return
-		}
-		e := oldest.Value.(*Entry)
+	for (t.n+more > t.maxEntries || t.bytes+need > t.maxBytes) && t.oldest != none {
+		e := t.at(t.oldest)
 		if now == 0 {
 			now = time.Now().UnixNano()
 		}
@@ -220,18 +285,19 @@ func (t *Table) TakeEvicted() uint64 {
 	return n
 }
 
-// Clear drops every entry, and the memory of the map.
+// Clear drops every entry, and the memory of the slots and index.
 func (t *Table) Clear() {
-	t.entries = make(map[store.Key]*Entry)
-	t.evictable = list.New()
-	t.bytes, t.evictableBytes = 0, 0
+	t.index = make([]uint64, minIndex)
+	t.chunks, t.slots, t.free, t.n = nil, 0, none, 0
+	t.oldest, t.newest, t.bytes = none, none, 0
+	t.completed, t.evictable = 0, 0
 }
 
 // All yields every entry, expired or not, in no order; it may be removed.
 func (t *Table) All() iter.Seq[*Entry] {
 	return func(yield func(*Entry) bool) {
-		for _, e := range t.entries {
-			if !yield(e) {
+		for s := range t.slots {
+			if e := t.at(s); e.Blob != nil && !yield(e) {
 				return
 			}
 		}
@@ -239,7 +305,7 @@ func (t *Table) All() iter.Seq[*Entry] {
 }
 
 // Len is the number of entries.
-func (t *Table) Len() int { return len(t.entries) }
+func (t *Table) Len() int { return t.n }
 
 // Bytes is what the entries count for, overhead included.
 func (t *Table) Bytes() int64 { return t.bytes }

@@ -11,6 +11,45 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/store/storetest"
 )
 
+// pointers counts the words of t that the GC must scan.
+func pointers(t reflect.Type) int {
+	switch t.Kind() {
+	case reflect.Pointer, reflect.Slice, reflect.String, reflect.Map, reflect.Chan, reflect.Func, reflect.UnsafePointer:
+		return 1
+	case reflect.Interface:
+		return 2
+	case reflect.Array:
+		return t.Len() * pointers(t.Elem())
+	case reflect.Struct:
+		n := 0
+		for i := range t.NumField() {
+			n += pointers(t.Field(i).Type)
+		}
+		return n
+	}
+	return 0
+}
+
+// The point of the table's layout: per record the GC follows the blob,
+// which it does not scan, and nothing else. A pointer link, a time.Time, a
+// string or a header map here would bring back a pointer chase per record
+// per cycle, and the index must hold none.
+func TestEntryIsNearlyPointerFree(t *testing.T) {
+	if n := pointers(reflect.TypeFor[Entry]()); n != 1 {
+		t.Fatalf("entry holds %d pointers, want 1 (the blob)", n)
+	}
+	if pointers(reflect.TypeFor[Entry]().Field(1).Type.Elem()) != 0 {
+		t.Fatal("the blob's elements hold pointers")
+	}
+	if pointers(reflect.TypeFor[Table]().Field(1).Type.Elem()) != 0 {
+		t.Fatal("the index holds pointers")
+	}
+	// what overhead says it counts: the slot and two to four index words
+	if size := reflect.TypeFor[Entry]().Size(); size+4*8 > overhead {
+		t.Fatalf("an entry takes %d bytes and up to 32 of index: more than the %d of overhead counted", size, overhead)
+	}
+}
+
 func newTable(t *testing.T, maxEntries int, maxBytes int64) *Table {
 	tab := New(maxEntries, maxBytes)
 	t.Cleanup(func() { tab.Destruct() })
@@ -82,29 +121,25 @@ func TestMakeRoomEvictsOldestCompletedOnly(t *testing.T) {
 
 // Check finds each kind of broken bookkeeping.
 func TestCheckFindsBrokenBookkeeping(t *testing.T) {
-	oldest := func(tab *Table) *Entry { return tab.evictable.Front().Value.(*Entry) }
 	for name, breakIt := range map[string]func(*Table){
-		"bytes":     func(tab *Table) { tab.bytes++ },
-		"evictable": func(tab *Table) { tab.evictableBytes++ },
-		"size":      func(tab *Table) { oldest(tab).size++ },
-		"key":       func(tab *Table) { oldest(tab).Key[0]++ },
-		"unlisted":  func(tab *Table) { e := oldest(tab); tab.evictable.Remove(e.elem); e.elem = nil },
-		"listed claim": func(tab *Table) {
-			for e := range tab.All() {
-				if e.elem == nil {
-					e.elem = tab.evictable.PushBack(e)
-					return
-				}
-			}
-		},
-		"listed twice": func(tab *Table) { tab.evictable.PushBack(oldest(tab)) },
+		"bytes":       func(tab *Table) { tab.bytes++ },
+		"size":        func(tab *Table) { tab.at(tab.oldest).size++ },
+		"key":         func(tab *Table) { tab.at(tab.oldest).Key[0]++ },
+		"hash":        func(tab *Table) { tab.index[position(tab, tab.at(tab.newest))] ^= 1 << 40 },
+		"unindexed":   func(tab *Table) { tab.unindex(position(tab, tab.at(tab.oldest))) },
+		"count":       func(tab *Table) { tab.n-- },
+		"free list":   func(tab *Table) { tab.free = none },
+		"back link":   func(tab *Table) { tab.at(tab.newest).prev = none },
+		"newest":      func(tab *Table) { tab.newest = tab.oldest },
+		"cycle":       func(tab *Table) { tab.at(tab.newest).next = tab.oldest },
+		"unlisted":    func(tab *Table) { tab.unlink(tab.at(tab.newest)) },
+		"listed free": func(tab *Table) { tab.at(tab.newest).next = tab.free },
 	} {
 		tab := newTable(t, 10, 1<<20)
-		var last *Entry
 		for _, blob := range []store.Encoded{completedBlob(1), claimBlob(), completedBlob(2), completedBlob(3), claimBlob()} {
-			last = mustPut(t, tab, blob)
+			mustPut(t, tab, blob)
 		}
-		tab.Remove(last)
+		tab.Remove(tab.Lookup(keyOfLast(tab))) // a free slot
 		if err := tab.Check(); err != nil {
 			t.Fatalf("%s: a sound table: %v", name, err)
 		}
@@ -131,7 +166,7 @@ func TestReplaceCompletesInPlace(t *testing.T) {
 	if err := tab.Check(); err != nil {
 		t.Fatal(err)
 	}
-	if tab.Len() != 3 || tab.evictable.Back().Value.(*Entry) != claim || tab.Lookup(old.Key) != old || claim.Expires != 42 || !bytes.Equal(claim.Blob, done) {
+	if tab.Len() != 3 || tab.at(tab.newest) != claim || tab.Lookup(old.Key) != old || claim.Expires != 42 || !bytes.Equal(claim.Blob, done) {
 		t.Fatalf("a replace at the entry limit: %d entries, want 3 with the claim newest and nothing evicted", tab.Len())
 	}
 
@@ -166,3 +201,12 @@ func TestReplaceCompletesInPlace(t *testing.T) {
 		t.Fatal("a replace that cannot fit must leave its own claim and the other claims")
 	}
 }
+
+// position is where the index holds e.
+func position(tab *Table, e *Entry) int {
+	pos, _ := tab.find(&e.Key)
+	return pos
+}
+
+// keyOfLast is the key in the last slot handed out.
+func keyOfLast(tab *Table) store.Key { return tab.at(tab.slots - 1).Key }
