@@ -35,6 +35,7 @@ type database struct {
 	batch     *batcher // nil with pipelining off
 	q         queries
 	events    *listener
+	deadlines *deadlines
 	qualified string
 	ddl       string // DDL under the table's advisory lock
 	reapLock  int64
@@ -73,6 +74,7 @@ func newDatabase(cfg *pgxpool.Config, schema, table string, create, pipelining b
 		qualified: name,
 		ddl:       "SELECT pg_advisory_xact_lock(" + strconv.FormatInt(lockID("ddl", name), 10) + ");\n" + DDL(schema, table),
 		reapLock:  lockID("reap", name),
+		deadlines: newDeadlines(),
 		logger:    logger,
 		create:    create,
 		ensuring:  make(chan struct{}, 1),
@@ -93,6 +95,7 @@ func (db *database) Destruct() error {
 	db.stop()
 	<-db.done
 	db.pool.Close()
+	db.deadlines.stop()
 	return nil
 }
 

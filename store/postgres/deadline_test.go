@@ -10,42 +10,47 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/store/storetest"
 )
 
-func TestBound(t *testing.T) {
-	defer func(timeout time.Duration) { callTimeout = timeout }(callTimeout)
-	callTimeout = time.Minute
-	// A request's context, cancellable but without a deadline, gets the
-	// bound, and its cancellation does not end the call's.
-	req, cancel := context.WithCancel(context.Background())
+func TestDeadlinesShared(t *testing.T) {
+	d := &deadlines{timeout: time.Minute, slack: time.Second}
+	defer d.stop()
 	start := time.Now()
-	b, cancelB := bound(req)
-	defer cancelB()
-	if at, ok := b.Deadline(); !ok || at.Sub(start) < time.Minute || at.Sub(start) > time.Minute+100*time.Millisecond {
-		t.Fatalf("deadline %v after the call's start, want one minute", at.Sub(start))
+	a := d.bound(context.Background())
+	at, ok := a.Deadline()
+	if !ok || at.Sub(start) < time.Minute || at.Sub(start) > time.Minute+time.Second+100*time.Millisecond {
+		t.Fatalf("shared deadline %v after the call's start, want one minute plus at most the slack", at.Sub(start))
 	}
-	cancel()
-	if b.Err() != nil {
-		t.Error("the caller's cancellation ended the call")
-	}
-	// A nearer deadline of the caller's stands; a further one does not.
-	near, cancelNear := context.WithTimeout(context.Background(), time.Second)
-	defer cancelNear()
-	if n, _ := bound(near); n != near {
-		t.Error("the caller's nearer deadline was replaced")
-	}
+	// A request's context, cancellable but without a deadline, gets the
+	// same bound; so does one whose deadline is further away.
+	req, cancel := context.WithCancel(context.Background())
+	defer cancel()
 	far, cancelFar := context.WithTimeout(context.Background(), time.Hour)
 	defer cancelFar()
-	f, cancelF := bound(far)
-	defer cancelF()
-	if at, _ := f.Deadline(); at.Sub(start) > time.Minute+100*time.Millisecond {
-		t.Error("the caller's further deadline was kept")
+	if b, c := d.bound(req), d.bound(far); b != a || c != a {
+		t.Error("calls within the slack did not share one context")
+	}
+	// A nearer deadline of the caller's stands.
+	near, cancelNear := context.WithTimeout(context.Background(), time.Second)
+	defer cancelNear()
+	if d.bound(near) != near {
+		t.Error("the caller's nearer deadline was replaced")
+	}
+	// Once the shared deadline is nearer than the timeout, the next call
+	// gets a new one, and the old one still ends at its time.
+	old := d.cur.Load()
+	old.at = time.Now().Add(time.Minute - time.Millisecond)
+	if d.bound(context.Background()) == a {
+		t.Error("a deadline nearer than the timeout was handed out")
+	}
+	if a.Err() != nil {
+		t.Error("the previous context ended early")
 	}
 }
 
 // A call on a row that another transaction holds locked waits for it, and
 // must give up within the bound whatever context it came with.
 func TestCallsAreBounded(t *testing.T) {
-	defer func(timeout time.Duration) { callTimeout = timeout }(callTimeout)
-	callTimeout = 300 * time.Millisecond
+	defer func(timeout, slack time.Duration) { callTimeout, deadlineSlack = timeout, slack }(callTimeout, deadlineSlack)
+	callTimeout, deadlineSlack = 300*time.Millisecond, 100*time.Millisecond
 	s := storetest.Provision(t, &Store{DSN: shared.DSN(), Table: newTable()})
 	ctx := context.Background()
 	// k's claim is live, expired's has passed: taking it over waits for

@@ -38,8 +38,7 @@ func (s *Store) Acquire(ctx context.Context, key store.Key, c *store.Claim) (sto
 		version = s.tier.Version()
 	}
 	caller := ctx
-	ctx, cancel := bound(ctx)
-	defer cancel()
+	ctx = s.db.deadlines.bound(ctx)
 	if err := s.db.ensure(ctx); err != nil {
 		return store.Acquired{}, err
 	}
@@ -177,8 +176,7 @@ func (s *Store) exec(ctx context.Context, op, sql string, args ...any) error {
 // affected a row.
 func (s *Store) affected(ctx context.Context, op, sql string, args ...any) (bool, error) {
 	caller := ctx
-	ctx, cancel := bound(ctx)
-	defer cancel()
+	ctx = s.db.deadlines.bound(ctx)
 	if err := s.db.ensure(ctx); err != nil {
 		return false, err
 	}
