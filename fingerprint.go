@@ -10,19 +10,24 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/caddy-idempotency/caddy-idempotency/internal/canonjson"
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
-// digest is a SHA-256 with scratch space for the words and strings it is
-// fed.
+// digest is a pooled SHA-256 with scratch space: arrays on the stack
+// written through hash.Hash would escape to the heap.
 type digest struct {
 	hash.Hash
 	n   [8]byte
 	sum [sha256.Size]byte
 	buf []byte // strings go through it: the hash is no io.StringWriter
 }
+
+// Kept (issue 36): sha256.New per request cost 1.08 and 1.22 times the CPU
+// per memory-store new key under bench/compare.sh (docs/performance.md).
+var digests = sync.Pool{New: func() any { return &digest{Hash: sha256.New()} }}
 
 // fingerprintMode is the fingerprint option, parsed once.
 type fingerprintMode uint8
@@ -99,7 +104,9 @@ const (
 
 // of hashes r's payload; b is its buffered body (nil if empty or in none mode).
 func (p *payload) of(r *http.Request, b []byte) store.Fingerprint {
-	d := &digest{Hash: sha256.New()}
+	d := digests.Get().(*digest)
+	defer d.release()
+	d.Reset()
 	switch p.mode {
 	case modeJSON:
 		d.word(layoutJSON)
@@ -127,6 +134,15 @@ func (p *payload) of(r *http.Request, b []byte) store.Fingerprint {
 		d.field(b)
 	}
 	return store.Fingerprint(d.Sum(d.sum[:0]))
+}
+
+const maxScratch = 64 << 10 // so a huge query or header does not pin pool memory
+
+func (d *digest) release() {
+	if cap(d.buf) > maxScratch {
+		d.buf = nil
+	}
+	digests.Put(d)
 }
 
 func (d *digest) word(n uint64) {
