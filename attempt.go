@@ -1,7 +1,6 @@
 package idempotency
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"net/http"
@@ -96,7 +95,6 @@ func (a *attempt) run() (err error) {
 	h := a.h
 	a.result(resultNew)
 	rw := newRecorder(a.w, h.MaxResponseBody)
-	defer rw.free()
 	if h.marksFirst() {
 		rw.marks = h
 	}
@@ -198,11 +196,11 @@ func (a *attempt) release(ctx context.Context, why string) {
 // completeLater keeps trying to store a response the store refused while
 // it was unavailable: until the lease passes, the claim is still this
 // request's, and storing it spares the retry a second execution. The
-// response is copied: the recorder's buffers go back to their pool.
+// response's header is copied.
 func (a *attempt) completeLater(ctx context.Context, resp *store.Response) {
 	h, key, claim := a.h, a.key, a.claim
 	kept := *resp
-	kept.Header, kept.Body = resp.Header.Clone(), bytes.Clone(resp.Body)
+	kept.Header = resp.Header.Clone()
 	a.retryLater(ctx, func(ctx context.Context) error {
 		return h.store.Complete(ctx, key, &claim, &kept, h.ttl)
 	},

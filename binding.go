@@ -3,6 +3,7 @@ package idempotency
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"net"
 	"net/http"
 	"strings"
 	"unicode/utf8"
@@ -57,18 +58,13 @@ func defaultEndpointOf(method, hostport, path string) string {
 }
 
 // hostOnly strips the port as {http.request.host} does ("[::1]:80" gives
-// "::1"), without allocating net.SplitHostPort's error for a bare host.
+// "::1"; a host without a port is kept as it is).
 func hostOnly(hostport string) string {
-	if strings.HasPrefix(hostport, "[") {
-		if i := strings.Index(hostport, "]:"); i > 0 {
-			return hostport[1:i]
-		}
+	host, _, err := net.SplitHostPort(hostport)
+	if err != nil {
 		return hostport
 	}
-	if i := strings.IndexByte(hostport, ':'); i >= 0 && strings.IndexByte(hostport[i+1:], ':') < 0 {
-		return hostport[:i]
-	}
-	return hostport
+	return host
 }
 
 // boundTo reports whether rec was made by a request to the same endpoint

@@ -25,6 +25,8 @@ type digest struct {
 	buf []byte // strings go through it: the hash is no io.StringWriter
 }
 
+// Kept (issue 36): sha256.New per request cost 1.08 and 1.22 times the CPU
+// per memory-store new key under bench/compare.sh (docs/performance.md).
 var digests = sync.Pool{New: func() any { return &digest{Hash: sha256.New()} }}
 
 // fingerprintMode is the fingerprint option, parsed once.

@@ -8,7 +8,6 @@ import (
 	"net/textproto"
 	"slices"
 	"strings"
-	"sync"
 
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
@@ -22,52 +21,25 @@ type recorder struct {
 	limit int64
 
 	status      int
-	outer       http.Header // the header map as the handlers before this one left it; reused
+	outer       http.Header // the header map as the handlers before this one left it
 	header      http.Header // what the handlers after this one set, without per-caller fields
 	declared    []string    // the Trailer header's values: names set after the body
-	buf         *bytes.Buffer
+	buf         bytes.Buffer
 	size        int64
-	overflow    bool // the body outgrew limit; buf was dropped
+	overflow    bool // the body outgrew limit; buf was emptied
 	clientGone  bool
 	wroteHeader bool
 	marks       *Handler // sets a first answer's own headers; nil when none
 }
 
-var bufPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
-
-// maxPooledBuffer keeps a rare large response from pinning pool memory.
-const maxPooledBuffer = 64 << 10
-
-func putBuffer(b *bytes.Buffer) {
-	if b != nil && b.Cap() <= maxPooledBuffer {
-		b.Reset()
-		bufPool.Put(b)
-	}
-}
-
-var recorderPool = sync.Pool{New: func() any { return new(recorder) }}
-
 // newRecorder wraps w, noting the header the handlers before this one set
 // (a request id, CORS), so that only what later handlers add is stored.
 func newRecorder(w http.ResponseWriter, limit int64) *recorder {
-	rec := recorderPool.Get().(*recorder)
-	*rec = recorder{ResponseWriter: w, limit: limit, outer: rec.outer}
+	rec := &recorder{ResponseWriter: w, limit: limit}
 	if h := w.Header(); len(h) > 0 {
-		if rec.outer == nil {
-			rec.outer = make(http.Header, len(h))
-		}
-		maps.Copy(rec.outer, h)
+		rec.outer = maps.Clone(h)
 	}
 	return rec
-}
-
-// free returns the recorder and its buffer to their pools; the caller must
-// be done with rec.body().
-func (rec *recorder) free() {
-	putBuffer(rec.buf)
-	clear(rec.outer)
-	*rec = recorder{outer: rec.outer}
-	recorderPool.Put(rec)
 }
 
 func (rec *recorder) WriteHeader(status int) {
@@ -110,12 +82,8 @@ func (rec *recorder) Write(p []byte) (int, error) {
 		if rec.size > rec.limit {
 			// only streams from here: a retry gets a problem, not a partial replay
 			rec.overflow = true
-			putBuffer(rec.buf)
-			rec.buf = nil
+			rec.buf = bytes.Buffer{}
 		} else {
-			if rec.buf == nil {
-				rec.buf = bufPool.Get().(*bytes.Buffer)
-			}
 			rec.buf.Write(p)
 		}
 	}
@@ -158,7 +126,7 @@ func bodyAllowed(status int) bool {
 }
 
 func (rec *recorder) body() []byte {
-	if rec.buf == nil {
+	if rec.overflow || rec.buf.Len() == 0 {
 		return nil
 	}
 	return rec.buf.Bytes()

@@ -14,7 +14,7 @@ func TestResultNames(t *testing.T) {
 		"replay_busy": "replay_busy",
 	}
 	for r := range numResults {
-		value, _ := results[r].value.(string)
+		value := results[r].value
 		label, ok := want[value]
 		if !ok || results[r].label != label {
 			t.Errorf("result %d is %q, counted as %q; want one of %v", r, value, results[r].label, want)

@@ -1,7 +1,6 @@
 package idempotency
 
 import (
-	"strings"
 	"sync/atomic"
 
 	"github.com/caddyserver/caddy/v2"
@@ -12,11 +11,6 @@ import (
 // whose records no other caller shares.
 type scope struct {
 	template string
-	// variable is the template's variable when the template is one
-	// placeholder, such as the default {http.auth.user.id}: its expansion
-	// is the variable's value, which GetString reads without ReplaceAll's
-	// scan and string builder.
-	variable string
 	require  bool // require_scope
 	logger   *zap.Logger
 	// emptySeen is set once a scope expanded empty, which is logged once.
@@ -24,7 +18,7 @@ type scope struct {
 }
 
 func newScope(template string, require bool, logger *zap.Logger) *scope {
-	return &scope{template: template, variable: soleVariable(template), require: require, logger: logger}
+	return &scope{template: template, require: require, logger: logger}
 }
 
 // of expands the scope for the request of repl. ok is false when the scope
@@ -32,11 +26,7 @@ func newScope(template string, require bool, logger *zap.Logger) *scope {
 // space shared by every such caller (the default behind forward_auth,
 // which sets no {http.auth.user.id}), so the first one is logged.
 func (s *scope) of(repl *caddy.Replacer) (scope string, ok bool) {
-	if s.variable != "" {
-		scope, _ = repl.GetString(s.variable)
-	} else {
-		scope = repl.ReplaceAll(s.template, "")
-	}
+	scope = repl.ReplaceAll(s.template, "")
 	if scope != "" || s.require {
 		return scope, scope != ""
 	}
@@ -45,18 +35,4 @@ func (s *scope) of(repl *caddy.Replacer) (scope string, ok bool) {
 			zap.String("scope", s.template))
 	}
 	return "", true
-}
-
-// soleVariable returns the variable of a template that is one placeholder
-// and nothing else; templates with escapes, nesting or anything around the
-// placeholder give "".
-func soleVariable(template string) string {
-	if len(template) < 3 || template[0] != '{' || template[len(template)-1] != '}' {
-		return ""
-	}
-	name := template[1 : len(template)-1]
-	if strings.ContainsAny(name, "{}\\") {
-		return ""
-	}
-	return name
 }

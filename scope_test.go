@@ -13,7 +13,6 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddytest"
-	"go.uber.org/zap"
 )
 
 // Behind forward_auth, {http.auth.user.id} is empty: only caddyauth
@@ -211,44 +210,5 @@ func TestScopeOptionsConfig(t *testing.T) {
 			t.Errorf("route %+v: require_scope %t, forward_key %q; want true, %q", tc.own, h.RequireScope, h.ForwardKey, tc.forwardKey)
 		}
 		cancel()
-	}
-}
-
-// A scope that is one placeholder is read with Get instead of expanded,
-// and must come out exactly as ReplaceAll would expand it: for values
-// of every type a provider may hold, for unknown variables, and for
-// templates that only look like one placeholder.
-func TestSoleVariableScopeExpandsAsReplaceAll(t *testing.T) {
-	repl := caddy.NewReplacer()
-	repl.Set("user", "alice")
-	repl.Set("n", 42)
-	repl.Set("empty", "")
-	repl.Set("err", fmt.Errorf("boom"))
-	repl.Set("bytes", []byte("raw"))
-	repl.Set("a}b", "odd")
-	templates := []string{
-		"{user}", "{n}", "{empty}", "{err}", "{bytes}", "{unknown}",
-		"{env.HOME}", "{http.auth.user.id}", "{}", "{user}{n}", "x{user}",
-		"{user}x", `\{user}`, `{user\}`, "{a}b}", "{{user}}", "user", "",
-	}
-	for _, tmpl := range templates {
-		s := newScope(tmpl, false, zap.NewNop())
-		got, _ := s.of(repl)
-		if want := repl.ReplaceAll(tmpl, ""); got != want {
-			t.Errorf("scope %q (variable %q) expanded to %q, ReplaceAll gives %q", tmpl, s.variable, got, want)
-		}
-	}
-	if v := soleVariable(defaultScope); v != "http.auth.user.id" {
-		t.Fatalf("the default scope's variable is %q: its fast path is off", v)
-	}
-}
-
-// The default scope costs no allocation to expand.
-func TestDefaultScopeDoesNotAllocate(t *testing.T) {
-	repl := caddy.NewReplacer()
-	repl.Set("http.auth.user.id", "alice")
-	s := newScope(defaultScope, false, zap.NewNop())
-	if n := testing.AllocsPerRun(100, func() { s.of(repl) }); n != 0 {
-		t.Fatalf("expanding the default scope allocates %v times", n)
 	}
 }

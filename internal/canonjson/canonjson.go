@@ -104,12 +104,14 @@ func getParser(body []byte, ign *Ignore) *parser {
 }
 
 func (p *parser) release() {
+	clear(p.path) // its keys point into buffers that may be dropped
 	*p = parser{
 		buf:     trim(p.buf, poolMax),
 		out:     trim(p.out, poolMax),
 		objects: trim(p.objects, poolMax/32), // a span is at most 32 bytes
 		members: trim(p.members, poolMax/32),
 		stack:   trim(p.stack, poolMax/32),
+		path:    p.path[:0],
 	}
 	parsers.Put(p)
 }

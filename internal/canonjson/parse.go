@@ -39,6 +39,7 @@ type parser struct {
 	pos   int
 	depth int
 	ign   *Ignore
+	path  []step // to the value being read, while ign may match below it
 
 	// buf receives the canonical bytes in the order of the input.
 	buf []byte
@@ -173,10 +174,11 @@ func (p *parser) object(st int32) bool {
 			}
 			p.pos++
 			p.skipSpace()
-			next, drop := p.ign.member(st, p.buf[ks:ke])
+			next, drop := p.into(st, step{key: p.buf[ks:ke], index: -1})
 			if !p.value(next) {
 				return false
 			}
+			p.leave(st)
 			if drop {
 				p.rollback(at)
 			} else {
@@ -214,6 +216,22 @@ func (p *parser) object(st int32) bool {
 	return true
 }
 
+// into returns the state of the member or element s of a value read in
+// state st, and whether it is left out; the path holds s until leave.
+func (p *parser) into(st int32, s step) (int32, bool) {
+	if st < 0 {
+		return st, st == dropped
+	}
+	p.path = append(p.path, s)
+	return p.ign.at(p.path)
+}
+
+func (p *parser) leave(st int32) {
+	if st >= 0 {
+		p.path = p.path[:len(p.path)-1]
+	}
+}
+
 func (p *parser) array(st int32) bool {
 	if p.depth++; p.depth > MaxDepth {
 		return false
@@ -226,10 +244,11 @@ func (p *parser) array(st int32) bool {
 	} else {
 		for i := 0; ; i++ {
 			at := p.mark()
-			next, drop := p.ign.element(st, i)
+			next, drop := p.into(st, step{index: i})
 			if !p.value(next) {
 				return false
 			}
+			p.leave(st)
 			if drop {
 				p.rollback(at)
 				if p.ign.holes(st) {

@@ -33,6 +33,8 @@ var (
 // Destruct is called with its mutex held. So that the GC follows one
 // pointer per record, each is a pointer-free blob in slots of a few large
 // arrays, linked by slot number and found through an index (index.go).
+// Kept over a Go map and container/list: under bench/flood.sh those cost
+// 1.06 and 1.24 times its Caddy CPU per request (docs/performance.md).
 type Table struct {
 	sync.Mutex
 	index  []uint64
