@@ -14,6 +14,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 
+	"github.com/caddy-idempotency/caddy-idempotency/sealing"
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
@@ -157,7 +158,7 @@ func (a *adminAPI) serveKey(ctx context.Context, w http.ResponseWriter, r *http.
 		return apiError(http.StatusNotFound, "no record for key %s in store %s", key, name)
 	}
 	summary := store.Summarize(rec)
-	summary.BodySize = bodySize(rec)
+	summary.BodySize = sealing.BodySize(rec)
 	info := describe(key, summary, expires, time.Now())
 	info.Store = name
 	return writeJSON(w, info)

@@ -11,6 +11,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
+	"github.com/caddy-idempotency/caddy-idempotency/sealing"
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
@@ -48,13 +49,13 @@ func (a *attempt) refuse(kind problemKind) error {
 // left to answer or to run the request for.
 func (a *attempt) storeFailed(err error) error {
 	h := a.h
-	if u, ok := errors.AsType[*unreadableRecord](err); ok {
+	if u, ok := errors.AsType[*sealing.Unreadable](err); ok {
 		// The request ran once already: it is not run again, and the
 		// response is not replayed. Nothing was claimed.
-		h.metrics.unreadable(u.reason)
+		h.metrics.unreadable(u.Reason)
 		h.logger.Error("the stored response cannot be read: "+u.Error()+"; refusing the request without running it again",
-			zap.String("key_hash", a.key.String()), zap.String("reason", u.reason),
-			zap.String("key_id", u.keyID), zap.Strings("configured_key_ids", h.keys.ids()))
+			zap.String("key_hash", a.key.String()), zap.String("reason", u.Reason),
+			zap.String("key_id", u.KeyID), zap.Strings("configured_key_ids", h.keys.IDs()))
 		return a.refuse(problemUnreadable)
 	}
 	if a.r.Context().Err() != nil {

@@ -8,8 +8,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/caddyserver/caddy/v2"
-
-	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
 // defaultEndpoint is the Caddyfile's {method} {host}{path}. The host is
@@ -69,10 +67,4 @@ func hostOnly(hostport string) string {
 		return hostport[:i]
 	}
 	return hostport
-}
-
-// boundTo reports whether rec was made by a request to the same endpoint
-// with the same payload as c's: a retry of it, not another use of its key.
-func boundTo(rec *store.Record, c *store.Claim) bool {
-	return rec.Endpoint == c.Endpoint && rec.Fingerprint == c.Fingerprint
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/caddy-idempotency/caddy-idempotency/sealing"
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
@@ -125,7 +126,7 @@ func (a *attempt) claimKey() error {
 		return a.storeFailed(err)
 	case rec == nil:
 		return a.run()
-	case rec.State == store.InProgress && h.MaxWait > 0 && boundTo(rec, &a.claim):
+	case rec.State == store.InProgress && h.MaxWait > 0 && rec.BoundTo(&a.claim):
 		return a.wait()
 	default:
 		return a.replay(rec)
@@ -164,7 +165,7 @@ func (a *attempt) acquire(ctx context.Context) (store.Acquired, error) {
 		}
 		a.claim.CreatedAt = renewed
 	}
-	if _, unreadable := errors.AsType[*unreadableRecord](err); err != nil && !unreadable {
+	if _, unreadable := errors.AsType[*sealing.Unreadable](err); err != nil && !unreadable {
 		a.withdraw() // the claim may have landed all the same
 		return store.Acquired{}, err
 	}

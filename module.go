@@ -16,6 +16,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
+	"github.com/caddy-idempotency/caddy-idempotency/sealing"
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 	_ "github.com/caddy-idempotency/caddy-idempotency/store/file"
 	_ "github.com/caddy-idempotency/caddy-idempotency/store/memory" // the default store
@@ -54,8 +55,8 @@ type Handler struct {
 	scope           *scope
 	payload         payload
 	problems        problems
-	metrics         *metrics // nil when disabled
-	keys            *keyring // nil without encryption_keys
+	metrics         *metrics         // nil when disabled
+	keys            *sealing.Keyring // nil without encryption_keys
 	leases          *leases
 }
 
@@ -112,11 +113,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.payload, err = newPayload(h.Fingerprint, h.FingerprintIgnore, h.FingerprintOnly, h.FingerprintHeaders); err != nil {
 		return err
 	}
-	if h.keys, err = newKeyring(h.EncryptionKeys); err != nil {
+	if h.keys, err = sealing.NewKeyring(h.EncryptionKeys); err != nil {
 		return err
 	}
 	if h.keys != nil {
-		h.logger.Info("sealing stored responses", zap.Strings("key_ids", h.keys.ids()))
+		h.logger.Info("sealing stored responses", zap.Strings("key_ids", h.keys.IDs()))
 	}
 	if !h.DisableMetrics {
 		if h.metrics, err = newMetrics(ctx.GetMetricsRegistry()); err != nil {
@@ -145,7 +146,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	// Sealing is innermost, with or without keys, so that a sealed record
 	// is never replayed as it is stored; the observer times and traces
 	// the store calls.
-	h.store = observe(sealStore(s.Store, h.keys, h.AcceptUnsealed), s, !h.DisableMetrics)
+	h.store = observe(&sealing.Store{Store: s.Store, Keys: h.keys, AcceptUnsealed: h.AcceptUnsealed}, s, !h.DisableMetrics)
 	h.leases = newLeases(h.store, h.lease, h.metrics, h.logger)
 	return nil
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/caddy-idempotency/caddy-idempotency/sealing"
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
@@ -20,7 +21,7 @@ const unreadableTitle = "The stored response for this Idempotency-Key cannot be 
 
 // rawStoreOf is the store under h's wrappers: what anyone who can write
 // to the store writes to.
-func rawStoreOf(h *Handler) store.Store { return h.store.(*observed).Store.(*sealing).Store }
+func rawStoreOf(h *Handler) store.Store { return h.store.(*observed).Store.(*sealing.Store).Store }
 
 // bindingOf is the endpoint and fingerprint that h gives req.
 func bindingOf(h *Handler, req *http.Request, body string) (string, store.Fingerprint) {
@@ -257,7 +258,7 @@ func TestAcceptUnsealedConfig(t *testing.T) {
 		if err := h.Validate(); err != nil {
 			t.Fatal(err)
 		}
-		if !h.AcceptUnsealed || !h.store.(*observed).Store.(*sealing).acceptUnsealed {
+		if !h.AcceptUnsealed || !h.store.(*observed).Store.(*sealing.Store).AcceptUnsealed {
 			t.Errorf("route with %d keys of its own did not inherit accept_unsealed", len(own.EncryptionKeys))
 		}
 		cancel()
