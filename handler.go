@@ -66,7 +66,7 @@ func (h *Handler) serveKey(w http.ResponseWriter, r *http.Request, next caddyhtt
 	case len(values) > 1:
 		return a.refuse(problemRepeatedKey)
 	}
-	clientKey, ok := parseKey(values[0])
+	clientKey, ok := store.ParseClientKey(values[0])
 	if !ok || len(clientKey) < h.MinKeyLength {
 		return a.refuse(problemInvalidKey)
 	}
@@ -106,7 +106,7 @@ func (a *attempt) claimKey() error {
 		r.Header[h.forwardKeyField] = []string{a.key.String()}
 	}
 	a.claim = store.Claim{
-		Token:       newToken(),
+		Token:       store.NewToken(),
 		Endpoint:    endpointOf(h.Endpoint, r, a.repl),
 		Fingerprint: h.payload.of(r, body),
 		Lease:       h.lease,

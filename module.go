@@ -16,6 +16,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
+	_ "github.com/caddy-idempotency/caddy-idempotency/admin" // admin.api.idempotency and the caddy idempotency command
 	"github.com/caddy-idempotency/caddy-idempotency/sealing"
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 	_ "github.com/caddy-idempotency/caddy-idempotency/store/file"

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+
+	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
 // Defaults, as documented in the README.
@@ -403,8 +405,8 @@ func (o *Options) check() error {
 		return fmt.Errorf("ttl must be positive: %v", time.Duration(o.TTL))
 	case o.LockTimeout != 0 && o.LockTimeout < caddy.Duration(time.Second):
 		return fmt.Errorf("lock_timeout must be at least 1s: %v", time.Duration(o.LockTimeout))
-	case o.MinKeyLength < 0 || o.MinKeyLength > maxKeyLen:
-		return fmt.Errorf("min_key_length: want 1 to %d, got %d", maxKeyLen, o.MinKeyLength)
+	case o.MinKeyLength < 0 || o.MinKeyLength > store.MaxClientKeyLen:
+		return fmt.Errorf("min_key_length: want 1 to %d, got %d", store.MaxClientKeyLen, o.MinKeyLength)
 	case o.MaxRequestBody < 0:
 		return fmt.Errorf("max_request_body must be positive: %d", o.MaxRequestBody)
 	case o.MaxResponseBody < 0:

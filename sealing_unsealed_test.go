@@ -33,7 +33,7 @@ func bindingOf(h *Handler, req *http.Request, body string) (string, store.Finger
 // straight into s, as a writer behind the handler's back would.
 func plant(t *testing.T, s store.Store, k store.Key, endpoint string, fp store.Fingerprint, resp store.Response) {
 	t.Helper()
-	c := &store.Claim{Token: newToken(), Endpoint: endpoint, Fingerprint: fp, CreatedAt: time.Now(), Lease: time.Minute}
+	c := &store.Claim{Token: store.NewToken(), Endpoint: endpoint, Fingerprint: fp, CreatedAt: time.Now(), Lease: time.Minute}
 	got, err := s.Acquire(context.Background(), k, c)
 	if err != nil || got.Record != nil {
 		t.Fatalf("claiming the key to plant: %v, %+v", err, got.Record)
@@ -46,7 +46,7 @@ func plant(t *testing.T, s store.Store, k store.Key, endpoint string, fp store.F
 // storedRecord reads k's live record from s as it is stored.
 func storedRecord(t *testing.T, s store.Store, k store.Key) *store.Record {
 	t.Helper()
-	got, err := s.Acquire(context.Background(), k, &store.Claim{Token: newToken(), Lease: time.Minute})
+	got, err := s.Acquire(context.Background(), k, &store.Claim{Token: store.NewToken(), Lease: time.Minute})
 	if err != nil || got.Record == nil {
 		t.Fatalf("reading the stored record: %v, %+v", err, got.Record)
 	}
