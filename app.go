@@ -9,6 +9,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 
+	"github.com/caddy-idempotency/caddy-idempotency/fingerprint"
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
@@ -52,7 +53,7 @@ func (App) CaddyModule() caddy.ModuleInfo {
 // Provision compiles the defaults' fingerprint_ignore pointers, to report
 // a bad one, and loads the shared store, if the defaults name one.
 func (a *App) Provision(ctx caddy.Context) error {
-	if _, err := newPayload(a.Fingerprint, a.FingerprintIgnore, a.FingerprintOnly, nil); err != nil {
+	if _, err := fingerprint.NewPayload(a.Fingerprint, a.FingerprintIgnore, a.FingerprintOnly, nil); err != nil {
 		return fmt.Errorf("idempotency defaults: %w", err)
 	}
 	if a.StoreRaw == nil {

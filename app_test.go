@@ -13,6 +13,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddytest"
+
+	"github.com/caddy-idempotency/caddy-idempotency/fingerprint"
 )
 
 func TestAdaptGlobalDefaults(t *testing.T) {
@@ -245,7 +247,7 @@ func TestRoutesInheritProtocolOptions(t *testing.T) {
 		h.ScopeChallenge != `Basic realm="api"` || len(h.FingerprintOnly) != 1 {
 		t.Errorf("the defaults were not inherited: %+v", h.Options)
 	}
-	own := provisioned(Handler{Options: Options{KeyHeader: "X-Key", MinKeyLength: 8, Fingerprint: fingerprintJSON, FingerprintIgnore: []string{"/ts"}}})
+	own := provisioned(Handler{Options: Options{KeyHeader: "X-Key", MinKeyLength: 8, Fingerprint: fingerprint.JSON, FingerprintIgnore: []string{"/ts"}}})
 	if own.KeyFrom != nil || own.KeyHeader != "X-Key" || own.MinKeyLength != 8 || len(own.FingerprintOnly) != 0 {
 		t.Errorf("a route's own options lost to the defaults: %+v", own.Options)
 	}

@@ -26,7 +26,7 @@ func TestTakeoverOfADeadOwnerIsAnUnknownOutcome(t *testing.T) {
 			clientKey := "crashed-" + itoa(testSeq.Add(1))
 			// The dead owner: a claim nobody renews or ends, of this very request.
 			req := post("/pay", clientKey, "x")
-			dead := &store.Claim{Token: store.NewToken(), Endpoint: "POST api.example.com/pay", Fingerprint: h.payload.of(req, []byte("x")),
+			dead := &store.Claim{Token: store.NewToken(), Endpoint: "POST api.example.com/pay", Fingerprint: h.payload.Of(req, []byte("x")),
 				CreatedAt: time.Now(), Lease: 100 * time.Millisecond, TTL: time.Minute}
 			if got, err := h.store.Acquire(context.Background(), store.NewKey("", clientKey), dead); err != nil || got.Record != nil {
 				t.Fatalf("the dead owner's claim: %v %v", got.Record, err)
@@ -60,7 +60,7 @@ func TestDeadOwnersKeptClaimKeepsItsBinding(t *testing.T) {
 		b := &backend{}
 		clientKey := "crashed-" + itoa(testSeq.Add(1))
 		original := post("/pay", clientKey, `{"amount":100}`)
-		dead := &store.Claim{Token: store.NewToken(), Endpoint: "POST api.example.com/pay", Fingerprint: h.payload.of(original, []byte(`{"amount":100}`)),
+		dead := &store.Claim{Token: store.NewToken(), Endpoint: "POST api.example.com/pay", Fingerprint: h.payload.Of(original, []byte(`{"amount":100}`)),
 			CreatedAt: time.Now(), Lease: 100 * time.Millisecond, TTL: time.Minute}
 		if got, err := h.store.Acquire(context.Background(), store.NewKey("", clientKey), dead); err != nil || got.Record != nil {
 			t.Fatalf("the dead owner's claim: %v %v", got.Record, err)

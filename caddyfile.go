@@ -4,6 +4,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/caddy-idempotency/caddy-idempotency/fingerprint"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/cfarg"
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
@@ -92,7 +93,7 @@ func (o *Options) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			parts, err = cfarg.List(d, opt)
 			o.Endpoint = strings.Join(parts, " ")
 		case "fingerprint":
-			o.Fingerprint, err = cfarg.OneOf(d, opt, fingerprintBody, fingerprintJSON, fingerprintNone)
+			o.Fingerprint, err = cfarg.OneOf(d, opt, fingerprint.Body, fingerprint.JSON, fingerprint.None)
 		case "fingerprint_ignore":
 			o.FingerprintIgnore, err = cfarg.List(d, opt)
 		case "fingerprint_only":

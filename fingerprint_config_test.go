@@ -116,7 +116,8 @@ func TestFingerprintValidate(t *testing.T) {
 		h.Fingerprint = "json"
 		h.FingerprintIgnore = []string{"/sent_at"}
 	})
-	if h.payload.ignore == nil {
+	req := httptest.NewRequest("POST", "/", nil)
+	if h.payload.Of(req, []byte(`{"a":1,"sent_at":1}`)) != h.payload.Of(req, []byte(`{"a":1,"sent_at":2}`)) {
 		t.Error("the pointers were not compiled at Provision")
 	}
 }

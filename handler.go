@@ -11,6 +11,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/caddy-idempotency/caddy-idempotency/fingerprint"
 	"github.com/caddy-idempotency/caddy-idempotency/sealing"
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
@@ -90,7 +91,7 @@ func (a *attempt) claimKey() error {
 	defer h.holds.Give()
 
 	body := a.body
-	if !a.bodyRead && h.payload.mode != modeNone { // else the body streams on, unread
+	if !a.bodyRead && h.payload.ReadsBody() { // else the body streams on, unread
 		var tooLarge bool
 		var err error
 		if body, tooLarge, err = readBody(r, h.MaxRequestBody); err != nil {
@@ -107,8 +108,8 @@ func (a *attempt) claimKey() error {
 	}
 	a.claim = store.Claim{
 		Token:       store.NewToken(),
-		Endpoint:    endpointOf(h.Endpoint, r, a.repl),
-		Fingerprint: h.payload.of(r, body),
+		Endpoint:    fingerprint.Endpoint(h.Endpoint, r, a.repl),
+		Fingerprint: h.payload.Of(r, body),
 		Lease:       h.lease,
 		TTL:         h.ttl,
 		KeepUnknown: h.OnUnknownOutcome == unknownKeep,

@@ -5,7 +5,7 @@ import (
 	"net/http"
 	"slices"
 
-	"github.com/caddy-idempotency/caddy-idempotency/internal/canonjson"
+	"github.com/caddy-idempotency/caddy-idempotency/fingerprint"
 )
 
 // KeyFrom says where a request's key is read, when not from a header
@@ -25,11 +25,11 @@ type KeyFrom struct {
 // keySource reads the key's values where the options say: the header's
 // values, the query parameter's, or the JSON member's (none or one).
 type keySource struct {
-	header string     // canonical header name; "" when the key is elsewhere
-	query  string     // query parameter
-	member *selection // the JSON member's pointer; nil when not from the body
-	where  string     // for the problems: "the Idempotency-Key request header"
-	what   string     // "The Idempotency-Key header"
+	header string                 // canonical header name; "" when the key is elsewhere
+	query  string                 // query parameter
+	member *fingerprint.Selection // the JSON member's pointer; nil when not from the body
+	where  string                 // for the problems: "the Idempotency-Key request header"
+	what   string                 // "The Idempotency-Key header"
 }
 
 func newKeySource(header string, from *KeyFrom) (keySource, error) {
@@ -38,11 +38,11 @@ func newKeySource(header string, from *KeyFrom) (keySource, error) {
 		return keySource{query: from.Query,
 			where: "the " + from.Query + " query parameter", what: "The " + from.Query + " query parameter"}, nil
 	case from != nil && from.JSON != "":
-		member, err := newSelection([]string{from.JSON})
+		member, err := fingerprint.NewSelection([]string{from.JSON})
 		if err != nil {
 			return keySource{}, fmt.Errorf("key_from json: %w", err)
 		}
-		if slices.Contains(member.pointers[0], "*") {
+		if slices.Contains(member.Pointers[0], "*") {
 			return keySource{}, fmt.Errorf("key_from json: %s names more than one member: * matches every member, as in fingerprint_ignore", from.JSON)
 		}
 		return keySource{member: member,
@@ -64,19 +64,8 @@ func (k *keySource) values(r *http.Request, body []byte) []string {
 	case k.query != "":
 		return r.URL.Query()[k.query]
 	}
-	if v, ok := jsonMember(body, k.member); ok {
+	if v, ok := k.member.Member(body); ok {
 		return []string{v}
 	}
 	return nil
-}
-
-// jsonMember is the string that member's pointer names in body, a JSON
-// document; ok is false when body is not JSON or the member is not there.
-func jsonMember(body []byte, member *selection) (string, bool) {
-	doc, ok := canonjson.Parse(body, member.filter)
-	if !ok {
-		return "", false
-	}
-	defer doc.Close()
-	return doc.Member(member.pointers[0])
 }

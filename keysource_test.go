@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+
+	"github.com/caddy-idempotency/caddy-idempotency/fingerprint"
 )
 
 // key_from json: the key is a string member of the JSON body, as Square's
@@ -13,7 +15,7 @@ import (
 func TestKeyFromJSONBody(t *testing.T) {
 	h := provision(t, storeConfigs[0].raw(t), func(h *Handler) {
 		h.KeyFrom = &KeyFrom{JSON: "/idempotency_key"}
-		h.Fingerprint = fingerprintJSON
+		h.Fingerprint = fingerprint.JSON
 	})
 	b := &backend{}
 	body := `{"amount":100,"idempotency_key":"sq-1"}`

@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap"
 
 	_ "github.com/caddy-idempotency/caddy-idempotency/admin" // admin.api.idempotency and the caddy idempotency command
+	"github.com/caddy-idempotency/caddy-idempotency/fingerprint"
 	"github.com/caddy-idempotency/caddy-idempotency/sealing"
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 	_ "github.com/caddy-idempotency/caddy-idempotency/store/file"
@@ -54,7 +55,7 @@ type Handler struct {
 	// forwardKeyField is the canonical form of ForwardKey; empty when off.
 	forwardKeyField string
 	scope           *scope
-	payload         payload
+	payload         fingerprint.Payload
 	problems        problems
 	metrics         *metrics         // nil when disabled
 	keys            *sealing.Keyring // nil without encryption_keys
@@ -111,7 +112,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.scope = newScope(h.Scope, h.RequireScope, h.logger)
 	h.problems = newProblems(h.ProblemBase, &h.key, h.MinKeyLength, h.MaxRequestBody)
 	h.problems[problemMissingScope].challenge = []string{h.ScopeChallenge}
-	if h.payload, err = newPayload(h.Fingerprint, h.FingerprintIgnore, h.FingerprintOnly, h.FingerprintHeaders); err != nil {
+	if h.payload, err = fingerprint.NewPayload(h.Fingerprint, h.FingerprintIgnore, h.FingerprintOnly, h.FingerprintHeaders); err != nil {
 		return err
 	}
 	if h.keys, err = sealing.NewKeyring(h.EncryptionKeys); err != nil {

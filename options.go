@@ -13,6 +13,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/caddy-idempotency/caddy-idempotency/fingerprint"
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
@@ -31,9 +32,6 @@ const (
 	conflictWait        = "wait"
 	unknownRelease      = "release"
 	unknownKeep         = "keep"
-	fingerprintBody     = "body"
-	fingerprintJSON     = "json"
-	fingerprintNone     = "none"
 )
 
 var defaultMethods = []string{http.MethodPost, http.MethodPatch}
@@ -264,8 +262,8 @@ var defaults = Options{
 	ScopeChallenge:   "Bearer",
 	ProblemBase:      defaultProblemBase,
 	MinKeyLength:     1,
-	Endpoint:         defaultEndpoint,
-	Fingerprint:      fingerprintBody,
+	Endpoint:         fingerprint.DefaultEndpoint,
+	Fingerprint:      fingerprint.Body,
 	TTL:              caddy.Duration(defaultTTL),
 	LockTimeout:      caddy.Duration(defaultLockTimeout),
 	MaxRequestBody:   defaultMaxBody,
@@ -374,18 +372,18 @@ func (o *Options) check() error {
 		}
 	}
 	switch o.Fingerprint {
-	case "", fingerprintBody, fingerprintJSON, fingerprintNone:
+	case "", fingerprint.Body, fingerprint.JSON, fingerprint.None:
 	default:
 		return fmt.Errorf("fingerprint: want body, json or none, got %q", o.Fingerprint)
 	}
-	if len(o.FingerprintOnly) > 0 && o.Fingerprint != fingerprintJSON {
-		return fmt.Errorf("fingerprint_only applies only with fingerprint json, not %s", cmp.Or(o.Fingerprint, fingerprintBody))
+	if len(o.FingerprintOnly) > 0 && o.Fingerprint != fingerprint.JSON {
+		return fmt.Errorf("fingerprint_only applies only with fingerprint json, not %s", cmp.Or(o.Fingerprint, fingerprint.Body))
 	}
 	if len(o.FingerprintOnly) > 0 && len(o.FingerprintIgnore) > 0 {
 		return fmt.Errorf("fingerprint_only and fingerprint_ignore are two ways to say what counts: use one")
 	}
-	if len(o.FingerprintIgnore) > 0 && o.Fingerprint != fingerprintJSON {
-		return fmt.Errorf("fingerprint_ignore applies only with fingerprint json, not %s", cmp.Or(o.Fingerprint, fingerprintBody))
+	if len(o.FingerprintIgnore) > 0 && o.Fingerprint != fingerprint.JSON {
+		return fmt.Errorf("fingerprint_ignore applies only with fingerprint json, not %s", cmp.Or(o.Fingerprint, fingerprint.Body))
 	}
 	for _, name := range o.FingerprintHeaders {
 		if !validToken(name) {

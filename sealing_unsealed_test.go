@@ -13,6 +13,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/caddy-idempotency/caddy-idempotency/fingerprint"
 	"github.com/caddy-idempotency/caddy-idempotency/sealing"
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
@@ -26,7 +27,7 @@ func rawStoreOf(h *Handler) store.Store { return h.store.(*observed).Store.(*sea
 // bindingOf is the endpoint and fingerprint that h gives req.
 func bindingOf(h *Handler, req *http.Request, body string) (string, store.Fingerprint) {
 	_, repl := withReplacer(req)
-	return endpointOf(h.Endpoint, req, repl), h.payload.of(req, []byte(body))
+	return fingerprint.Endpoint(h.Endpoint, req, repl), h.payload.Of(req, []byte(body))
 }
 
 // plant writes a completed record with resp, bound to endpoint and fp,

@@ -12,6 +12,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/caddy-idempotency/caddy-idempotency/fingerprint"
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 	"github.com/caddy-idempotency/caddy-idempotency/store/storetest"
 )
@@ -87,7 +88,7 @@ func TestWaitNoticesAnOwnerElsewhere(t *testing.T) {
 		b := &backend{}
 		req := post("/orders", "remote", "x")
 		key := store.NewKey("", "remote")
-		remote := &store.Claim{Token: storetest.NewToken(), Endpoint: defaultEndpointOf(req.Method, req.Host, req.URL.Path), Fingerprint: h.payload.of(req, []byte("x")), CreatedAt: time.Now(), Lease: time.Minute}
+		remote := &store.Claim{Token: storetest.NewToken(), Endpoint: fingerprint.Endpoint(fingerprint.DefaultEndpoint, req, nil), Fingerprint: h.payload.Of(req, []byte("x")), CreatedAt: time.Now(), Lease: time.Minute}
 		if got, err := h.store.Acquire(context.Background(), key, remote); got.Record != nil || err != nil {
 			t.Fatalf("remote claim: %v %v", got.Record, err)
 		}
