@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
-	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -286,11 +285,11 @@ func (o *Options) setDefaults() {
 	}
 }
 
-// inherit fills the options that o leaves unset (zero) from d: the app's
-// defaults, or the documented ones. It walks the fields, so that an option
-// added to Options is inherited without a line here; only the options that
-// go together are taken together, and the store is not an option a route
-// inherits (it shares the app's instance instead).
+// inherit fills the options that o leaves unset (zero, or nil for a list)
+// from d: the app's defaults, or the documented ones. Each inherited option
+// is named here; the options that go together are taken together, and the
+// store is not an option a route inherits (it shares the app's instance
+// instead). A flag can only be turned on, by either.
 func (o *Options) inherit(d *Options) {
 	if o.KeyFrom == nil && o.KeyHeader == "" {
 		o.KeyFrom, o.KeyHeader = d.KeyFrom, d.KeyHeader // not a route's header with the app's key_from
@@ -306,18 +305,46 @@ func (o *Options) inherit(d *Options) {
 		// does not take the defaults' pointers for another
 		o.FingerprintIgnore, o.FingerprintOnly = slices.Clone(d.FingerprintIgnore), slices.Clone(d.FingerprintOnly)
 	}
-	own, def := reflect.ValueOf(o).Elem(), reflect.ValueOf(d).Elem()
-	for i := range own.NumField() {
-		switch own.Type().Field(i).Name {
-		case "KeyFrom", "KeyHeader", "OnConflict", "MaxWait", "Fingerprint", "FingerprintIgnore", "FingerprintOnly", "StoreRaw":
-			continue
-		}
-		if v := own.Field(i); v.IsZero() && !def.Field(i).IsZero() {
-			v.Set(def.Field(i))
-			if v.Kind() == reflect.Slice { // a copy: setDefaults changes Methods in place
-				v.Set(reflect.AppendSlice(reflect.MakeSlice(v.Type(), 0, v.Len()), v))
-			}
-		}
+	inheritList(&o.Methods, d.Methods)
+	o.Required = o.Required || d.Required
+	inheritValue(&o.Scope, d.Scope)
+	o.RequireScope = o.RequireScope || d.RequireScope
+	inheritValue(&o.ScopeChallenge, d.ScopeChallenge)
+	inheritValue(&o.ProblemBase, d.ProblemBase)
+	o.ReplayHeaderAlways = o.ReplayHeaderAlways || d.ReplayHeaderAlways
+	inheritValue(&o.ExpiryHeader, d.ExpiryHeader)
+	inheritValue(&o.MinKeyLength, d.MinKeyLength)
+	inheritValue(&o.ForwardKey, d.ForwardKey)
+	inheritValue(&o.Endpoint, d.Endpoint)
+	inheritList(&o.FingerprintHeaders, d.FingerprintHeaders)
+	inheritValue(&o.TTL, d.TTL)
+	inheritValue(&o.LockTimeout, d.LockTimeout)
+	inheritValue(&o.MaxRequestBody, d.MaxRequestBody)
+	inheritValue(&o.MaxResponseBody, d.MaxResponseBody)
+	inheritValue(&o.OnStoreError, d.OnStoreError)
+	inheritValue(&o.OnUnknownOutcome, d.OnUnknownOutcome)
+	o.StoreServerErrors = o.StoreServerErrors || d.StoreServerErrors
+	inheritList(&o.ReleaseStatuses, d.ReleaseStatuses)
+	inheritValue(&o.ReplayHeader, d.ReplayHeader)
+	o.DisableMetrics = o.DisableMetrics || d.DisableMetrics
+	inheritList(&o.EncryptionKeys, d.EncryptionKeys)
+	o.AcceptUnsealed = o.AcceptUnsealed || d.AcceptUnsealed
+}
+
+// inheritValue sets an option left unset (zero) to its inherited value.
+func inheritValue[T comparable](own *T, inherited T) {
+	var unset T
+	if *own == unset {
+		*own = inherited
+	}
+}
+
+// inheritList sets a list left out (nil) to a copy of its inherited value,
+// so that setDefaults may change Methods in place. A list given empty is
+// kept, for check to refuse.
+func inheritList[T any](own *[]T, inherited []T) {
+	if *own == nil {
+		*own = slices.Clone(inherited)
 	}
 }
 
