@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/caddy-idempotency/caddy-idempotency/admin"
+	"github.com/caddy-idempotency/caddy-idempotency/app"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/admintest"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/testredis"
 	"github.com/caddy-idempotency/caddy-idempotency/store"
@@ -114,7 +115,7 @@ func TestAdminOnEveryStore(t *testing.T) {
 // checks the backend, and purges the key so that the client's retry runs.
 func TestAdminOutcomeUnknown(t *testing.T) {
 	eachStore(t, func(t *testing.T, raw json.RawMessage) {
-		h, name := provisionNamed(t, raw, func(h *Handler) { h.OnUnknownOutcome = unknownKeep })
+		h, name := provisionNamed(t, raw, func(h *Handler) { h.OnUnknownOutcome = app.UnknownKeep })
 		srv := admintest.Server(t, admintest.Module(t))
 		storeQ := "?store=" + url.QueryEscape(name)
 		var broken atomic.Bool

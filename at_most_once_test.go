@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddy-idempotency/caddy-idempotency/app"
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
@@ -19,7 +20,7 @@ func TestTakeoverOfADeadOwnerIsAnUnknownOutcome(t *testing.T) {
 		for _, keep := range []bool{true, false} {
 			h := provision(t, raw, func(h *Handler) {
 				if keep {
-					h.OnUnknownOutcome = unknownKeep
+					h.OnUnknownOutcome = app.UnknownKeep
 				}
 			})
 			b := &backend{}
@@ -56,7 +57,7 @@ func TestTakeoverOfADeadOwnerIsAnUnknownOutcome(t *testing.T) {
 // the dead request completed. Neither runs.
 func TestDeadOwnersKeptClaimKeepsItsBinding(t *testing.T) {
 	eachStore(t, func(t *testing.T, raw json.RawMessage) {
-		h := provision(t, raw, func(h *Handler) { h.OnUnknownOutcome = unknownKeep })
+		h := provision(t, raw, func(h *Handler) { h.OnUnknownOutcome = app.UnknownKeep })
 		b := &backend{}
 		clientKey := "crashed-" + itoa(testSeq.Add(1))
 		original := post("/pay", clientKey, `{"amount":100}`)

@@ -11,6 +11,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
+	"github.com/caddy-idempotency/caddy-idempotency/app"
 	"github.com/caddy-idempotency/caddy-idempotency/sealing"
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
@@ -63,7 +64,7 @@ func (a *attempt) storeFailed(err error) error {
 		a.w.WriteHeader(statusClientClosed) // for the access log, as reverse_proxy does
 		return nil
 	}
-	if h.OnStoreError == failOpen {
+	if h.OnStoreError == app.FailOpen {
 		a.result(resultError)
 		h.logger.Warn("idempotency store unavailable; passing the request through unprotected (fail_open)",
 			zap.String("key_hash", a.key.String()), zap.Error(err))
@@ -103,7 +104,7 @@ func (a *attempt) run() (err error) {
 	}
 	h.metrics.claimHeld(1)
 	defer h.metrics.claimHeld(-1)
-	if h.OnUnknownOutcome == unknownKeep && markEarlierUpstream(a.repl) {
+	if h.OnUnknownOutcome == app.UnknownKeep && markEarlierUpstream(a.repl) {
 		defer unmarkEarlierUpstream(a.repl)
 	}
 	lease, ctx := h.leases.start(a.r.Context(), a.key, a.claim.Token, a.claim.CreatedAt)

@@ -3,6 +3,8 @@ package idempotency
 import (
 	"net/http"
 	"slices"
+
+	"github.com/caddy-idempotency/caddy-idempotency/app"
 )
 
 // The end of a claimed request: what became of it, decided in one place
@@ -40,7 +42,7 @@ type seen struct {
 // options, and says why, for the logs.
 func (h *Handler) decideEnding(s seen) (ending, string) {
 	unknown := endRelease
-	if h.OnUnknownOutcome == unknownKeep {
+	if h.OnUnknownOutcome == app.UnknownKeep {
 		unknown = endKeepUnknown
 	}
 	switch {

@@ -1,6 +1,10 @@
 package idempotency
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/caddy-idempotency/caddy-idempotency/app"
+)
 
 // TestDecideEnding has one row for each row of the table "What a failed
 // upstream leaves behind" in docs/guarantees.md, then the answers that end a claim
@@ -8,13 +12,13 @@ import "testing"
 // changes it.
 func TestDecideEnding(t *testing.T) {
 	defaults := &Handler{}
-	defaults.setDefaults()
-	keep := &Handler{Options: Options{OnUnknownOutcome: unknownKeep}}
-	keep.setDefaults()
-	storeErrors := &Handler{Options: Options{StoreServerErrors: true}}
-	storeErrors.setDefaults()
-	only409 := &Handler{Options: Options{ReleaseStatuses: []int{409}}}
-	only409.setDefaults()
+	defaults.SetDefaults()
+	keep := &Handler{Options: app.Options{OnUnknownOutcome: app.UnknownKeep}}
+	keep.SetDefaults()
+	storeErrors := &Handler{Options: app.Options{StoreServerErrors: true}}
+	storeErrors.SetDefaults()
+	only409 := &Handler{Options: app.Options{ReleaseStatuses: []int{409}}}
+	only409.SetDefaults()
 
 	answered := func(status int) seen { return seen{wroteHeader: true, status: status} }
 	for _, tc := range []struct {

@@ -12,6 +12,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/caddy-idempotency/caddy-idempotency/app"
 	"github.com/caddy-idempotency/caddy-idempotency/fingerprint"
 )
 
@@ -63,7 +64,7 @@ var fingerprintBenchModes = []struct {
 }
 
 func fingerprintBenchHandler(b *testing.B, tweak func(*Handler)) *Handler {
-	h := &Handler{Options: Options{StoreRaw: json.RawMessage(`{"module":"memory"}`)}}
+	h := &Handler{Options: app.Options{StoreRaw: json.RawMessage(`{"module":"memory"}`)}}
 	if tweak != nil {
 		tweak(h)
 	}

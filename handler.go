@@ -11,6 +11,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/caddy-idempotency/caddy-idempotency/app"
 	"github.com/caddy-idempotency/caddy-idempotency/fingerprint"
 	"github.com/caddy-idempotency/caddy-idempotency/sealing"
 	"github.com/caddy-idempotency/caddy-idempotency/store"
@@ -112,7 +113,7 @@ func (a *attempt) claimKey() error {
 		Fingerprint: h.payload.Of(r, body),
 		Lease:       h.lease,
 		TTL:         h.ttl,
-		KeepUnknown: h.OnUnknownOutcome == unknownKeep,
+		KeepUnknown: h.OnUnknownOutcome == app.UnknownKeep,
 	}
 	got, err := a.acquire(r.Context())
 	if got.TookOver {

@@ -5,22 +5,9 @@ import (
 	"net/http"
 	"slices"
 
+	"github.com/caddy-idempotency/caddy-idempotency/app"
 	"github.com/caddy-idempotency/caddy-idempotency/fingerprint"
 )
-
-// KeyFrom says where a request's key is read, when not from a header
-// (key_header): from a query parameter, which stays in the query the
-// upstream sees, or from a string member of a JSON body, named by an RFC
-// 6901 pointer, as Square's API sends idempotency_key and a webhook
-// receiver dedupes on an event's id. Exactly one is set.
-type KeyFrom struct {
-	// Query is the name of the query parameter that carries the key.
-	Query string `json:"query,omitempty"`
-	// JSON is the RFC 6901 pointer to the string member of the JSON body
-	// that carries the key. A body that is not JSON, or lacks the member,
-	// is a request without a key; a body over max_request_body gets 413.
-	JSON string `json:"json,omitempty"`
-}
 
 // keySource reads the key's values where the options say: the header's
 // values, the query parameter's, or the JSON member's (none or one).
@@ -32,7 +19,7 @@ type keySource struct {
 	what   string                 // "The Idempotency-Key header"
 }
 
-func newKeySource(header string, from *KeyFrom) (keySource, error) {
+func newKeySource(header string, from *app.KeyFrom) (keySource, error) {
 	switch {
 	case from != nil && from.Query != "":
 		return keySource{query: from.Query,

@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap"
 
 	_ "github.com/caddy-idempotency/caddy-idempotency/admin" // admin.api.idempotency and the caddy idempotency command
+	"github.com/caddy-idempotency/caddy-idempotency/app"
 	"github.com/caddy-idempotency/caddy-idempotency/fingerprint"
 	"github.com/caddy-idempotency/caddy-idempotency/sealing"
 	"github.com/caddy-idempotency/caddy-idempotency/store"
@@ -41,7 +42,7 @@ func init() {
 type Handler struct {
 	// Options are the directive's options, at the top level of the
 	// handler's JSON object.
-	Options
+	app.Options
 
 	// The store as the requests use it: sealed, observed.
 	store       store.Store
@@ -77,27 +78,27 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 }
 
 // UnmarshalCaddyfile sets up the handler from the idempotency directive
-// (Options.unmarshalCaddyfile gives its syntax).
+// (app.Options.UnmarshalCaddyfile gives its syntax).
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	return h.Options.unmarshalCaddyfile(d)
+	return h.Options.UnmarshalCaddyfile(d)
 }
 
 // Provision takes the idempotency app's defaults, sets the rest, compiles
 // what the options need and loads the store.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
-	app, err := configuredApp(ctx)
+	global, err := app.Configured(ctx)
 	if err != nil {
 		return fmt.Errorf("reading the idempotency defaults: %w", err)
 	}
 	var s store.Registration
-	if app != nil {
-		h.inherit(&app.Options)
+	if global != nil {
+		h.Inherit(&global.Options)
 		if h.StoreRaw == nil {
-			s = app.shared
+			s = global.Shared()
 		}
 	}
-	h.setDefaults()
+	h.SetDefaults()
 	h.lease, h.ttl = time.Duration(h.LockTimeout), time.Duration(h.TTL)
 	if h.key, err = newKeySource(textproto.CanonicalMIMEHeaderKey(h.KeyHeader), h.KeyFrom); err != nil {
 		return err
@@ -132,7 +133,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			h.StoreRaw = json.RawMessage(`{"module":"memory"}`)
 			h.logger.Warn("no store configured: using the memory store, which is not shared across instances and forgets every key when Caddy stops; configure 'store redis' to run several instances")
 		}
-		if s, err = loadStore(ctx, h, "idempotency store"); err != nil {
+		if s, err = app.LoadStore(ctx, h, "idempotency store"); err != nil {
 			return err
 		}
 	}
@@ -154,7 +155,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 }
 
 // Validate checks the configuration without I/O.
-func (h *Handler) Validate() error { return h.check() }
+func (h *Handler) Validate() error { return h.Check() }
 
 // Interface guards
 var (

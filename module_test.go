@@ -11,6 +11,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
 
+	"github.com/caddy-idempotency/caddy-idempotency/app"
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
@@ -49,8 +50,8 @@ func TestStoreModuleMustBeAStore(t *testing.T) {
 		mod  caddy.Provisioner
 		want string
 	}{
-		{"handler", &Handler{Options: Options{StoreRaw: raw}}, "module *idempotency.notAStore is not an idempotency store"},
-		{"app", &App{Options: Options{StoreRaw: raw}}, "module *idempotency.notAStore is not an idempotency store"},
+		{"handler", &Handler{Options: app.Options{StoreRaw: raw}}, "module *idempotency.notAStore is not an idempotency store"},
+		{"app", &app.App{Options: app.Options{StoreRaw: raw}}, "module *idempotency.notAStore is not an idempotency store"},
 	} {
 		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 		if err := tc.mod.Provision(ctx); err == nil || err.Error() != tc.want {

@@ -14,6 +14,8 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddytest"
 	"go.uber.org/zap"
+
+	"github.com/caddy-idempotency/caddy-idempotency/app"
 )
 
 // Behind forward_auth, {http.auth.user.id} is empty: only caddyauth
@@ -134,8 +136,8 @@ func TestEmptyScopeIsLoggedOnce(t *testing.T) {
 		t.Fatalf("%d log entries about the empty scope, want 1: %v", n, logs.All())
 	}
 	entry := logs.FilterMessageSnippet("scope").All()[0]
-	if entry.ContextMap()["scope"] != defaultScope {
-		t.Fatalf("the entry names scope %v, want the template %s", entry.ContextMap()["scope"], defaultScope)
+	if entry.ContextMap()["scope"] != app.DefaultScope {
+		t.Fatalf("the entry names scope %v, want the template %s", entry.ContextMap()["scope"], app.DefaultScope)
 	}
 }
 
@@ -182,8 +184,8 @@ func TestScopeOptionsConfig(t *testing.T) {
 	}
 	// The value is checked once, by Validate, whichever way it came.
 	for _, name := range []string{"X Y", "X:Y"} {
-		bad := Handler{Options: Options{ForwardKey: name}}
-		bad.setDefaults()
+		bad := Handler{Options: app.Options{ForwardKey: name}}
+		bad.SetDefaults()
 		if err := bad.Validate(); err == nil || !strings.Contains(err.Error(), "forward_key") {
 			t.Errorf("Validate of forward_key %q = %v", bad.ForwardKey, err)
 		}
@@ -200,7 +202,7 @@ func TestScopeOptionsConfig(t *testing.T) {
 		forwardKey string
 	}{
 		{Handler{}, "X-Upstream-Key"},
-		{Handler{Options: Options{ForwardKey: "X-Other"}}, "X-Other"},
+		{Handler{Options: app.Options{ForwardKey: "X-Other"}}, "X-Other"},
 	} {
 		ctx, cancel := caddy.NewContext(base)
 		h := tc.own
@@ -238,7 +240,7 @@ func TestSoleVariableScopeExpandsAsReplaceAll(t *testing.T) {
 			t.Errorf("scope %q (variable %q) expanded to %q, ReplaceAll gives %q", tmpl, s.variable, got, want)
 		}
 	}
-	if v := soleVariable(defaultScope); v != "http.auth.user.id" {
+	if v := soleVariable(app.DefaultScope); v != "http.auth.user.id" {
 		t.Fatalf("the default scope's variable is %q: its fast path is off", v)
 	}
 }
@@ -247,7 +249,7 @@ func TestSoleVariableScopeExpandsAsReplaceAll(t *testing.T) {
 func TestDefaultScopeDoesNotAllocate(t *testing.T) {
 	repl := caddy.NewReplacer()
 	repl.Set("http.auth.user.id", "alice")
-	s := newScope(defaultScope, false, zap.NewNop())
+	s := newScope(app.DefaultScope, false, zap.NewNop())
 	if n := testing.AllocsPerRun(100, func() { s.of(repl) }); n != 0 {
 		t.Fatalf("expanding the default scope allocates %v times", n)
 	}

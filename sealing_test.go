@@ -20,6 +20,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/caddy-idempotency/caddy-idempotency/app"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/testredis"
 	"github.com/caddy-idempotency/caddy-idempotency/sealing"
 	"github.com/caddy-idempotency/caddy-idempotency/store"
@@ -317,7 +318,7 @@ func TestEncryptionKeysConfig(t *testing.T) {
 		{[]string{short}, "key 1 decodes to 16 bytes, want 32"},
 		{[]string{sealKeyA, sealKeyA}, "key 2 repeats key 1"},
 	} {
-		h := &Handler{Options: Options{StoreRaw: storeConfigs[0].raw(t), EncryptionKeys: tc.keys}}
+		h := &Handler{Options: app.Options{StoreRaw: storeConfigs[0].raw(t), EncryptionKeys: tc.keys}}
 		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 		err := h.Provision(ctx)
 		cancel()
@@ -374,17 +375,17 @@ func TestEncryptionKeysCaddyfileAndInheritance(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	app, _ := sealing.NewKeyring([]string{sealKeyB, sealKeyA})
+	global, _ := sealing.NewKeyring([]string{sealKeyB, sealKeyA})
 	own, _ := sealing.NewKeyring([]string{sealKeyA})
 	for _, tc := range []struct {
 		keys []string
 		want []string
 	}{
-		{nil, app.IDs()},
+		{nil, global.IDs()},
 		{[]string{sealKeyA}, own.IDs()},
 	} {
 		ctx, cancel := caddy.NewContext(base)
-		h := Handler{Options: Options{EncryptionKeys: tc.keys, StoreRaw: storeConfigs[0].raw(t)}}
+		h := Handler{Options: app.Options{EncryptionKeys: tc.keys, StoreRaw: storeConfigs[0].raw(t)}}
 		if err := h.Provision(ctx); err != nil {
 			t.Fatal(err)
 		}

@@ -13,6 +13,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/caddy-idempotency/caddy-idempotency/app"
 	"github.com/caddy-idempotency/caddy-idempotency/fingerprint"
 	"github.com/caddy-idempotency/caddy-idempotency/sealing"
 	"github.com/caddy-idempotency/caddy-idempotency/store"
@@ -227,7 +228,7 @@ func TestAcceptUnsealedConfig(t *testing.T) {
 	}
 
 	// without keys: refused at Validate, the handler's and the app's
-	h := Handler{Options: Options{AcceptUnsealed: true, StoreRaw: storeConfigs[0].raw(t)}}
+	h := Handler{Options: app.Options{AcceptUnsealed: true, StoreRaw: storeConfigs[0].raw(t)}}
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 	if err := h.Provision(ctx); err != nil {
 		t.Fatal(err)
@@ -249,7 +250,7 @@ func TestAcceptUnsealedConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, own := range []Options{{}, {EncryptionKeys: []string{sealKeyB}}} {
+	for _, own := range []app.Options{{}, {EncryptionKeys: []string{sealKeyB}}} {
 		ctx, cancel := caddy.NewContext(base)
 		own.StoreRaw = storeConfigs[0].raw(t)
 		h := Handler{Options: own}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/caddy-idempotency/caddy-idempotency/app"
 	"github.com/caddy-idempotency/caddy-idempotency/fingerprint"
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 	"github.com/caddy-idempotency/caddy-idempotency/store/storetest"
@@ -19,7 +20,7 @@ import (
 
 func waiting(max time.Duration) func(*Handler) {
 	return func(h *Handler) {
-		h.OnConflict = conflictWait
+		h.OnConflict = app.ConflictWait
 		h.MaxWait = caddy.Duration(max)
 	}
 }

@@ -1,4 +1,4 @@
-package idempotency
+package app
 
 import (
 	"reflect"
@@ -8,7 +8,7 @@ import (
 // A route that leaves an option unset takes the idempotency app's value of
 // it, for every option but the store (the route shares the app's instance
 // instead). Every field of Options is set here, by reflection, so that an
-// option added to Options and not named in inherit fails this test.
+// option added to Options and not named in Inherit fails this test.
 func TestInheritNamesEveryOption(t *testing.T) {
 	var app Options
 	set := reflect.ValueOf(&app).Elem()
@@ -29,7 +29,7 @@ func TestInheritNamesEveryOption(t *testing.T) {
 		}
 	}
 	var route Options
-	route.inherit(&app)
+	route.Inherit(&app)
 	got := reflect.ValueOf(&route).Elem()
 	for i := range set.NumField() {
 		name := set.Type().Field(i).Name
@@ -38,10 +38,10 @@ func TestInheritNamesEveryOption(t *testing.T) {
 		case name == "StoreRaw" && !got.Field(i).IsZero():
 			t.Errorf("the route inherited the app's store option; it shares the app's instance instead")
 		case name != "StoreRaw" && !inherited:
-			t.Errorf("Options.%s is not inherited: name it in inherit", name)
+			t.Errorf("Options.%s is not inherited: name it in Inherit", name)
 		}
 	}
-	// A list is the route's own copy: setDefaults changes Methods in place.
+	// A list is the route's own copy: SetDefaults changes Methods in place.
 	route.Methods[0] = "POST"
 	if app.Methods[0] != "" {
 		t.Error("the route's methods are the app's list, not a copy")

@@ -1,4 +1,4 @@
-package idempotency
+package app
 
 import (
 	"cmp"
@@ -19,18 +19,18 @@ import (
 // Defaults, as documented in the README.
 const (
 	defaultKeyHeader    = "Idempotency-Key"
-	defaultScope        = "{http.auth.user.id}"
+	DefaultScope        = "{http.auth.user.id}"
 	defaultTTL          = 24 * time.Hour
 	defaultLockTimeout  = 30 * time.Second
-	defaultProblemBase  = "https://github.com/caddy-idempotency/caddy-idempotency"
+	DefaultProblemBase  = "https://github.com/caddy-idempotency/caddy-idempotency"
 	defaultMaxBody      = 1 << 20
 	defaultReplayHeader = "Idempotent-Replayed"
-	failClosed          = "fail_closed"
-	failOpen            = "fail_open"
-	conflictReject      = "reject"
-	conflictWait        = "wait"
-	unknownRelease      = "release"
-	unknownKeep         = "keep"
+	FailClosed          = "fail_closed"
+	FailOpen            = "fail_open"
+	ConflictReject      = "reject"
+	ConflictWait        = "wait"
+	UnknownRelease      = "release"
+	UnknownKeep         = "keep"
 )
 
 var defaultMethods = []string{http.MethodPost, http.MethodPatch}
@@ -46,6 +46,20 @@ const maxDuration = 100 * 365 * 24 * time.Hour
 var defaultReleaseStatuses = []int{
 	http.StatusUnauthorized, http.StatusProxyAuthRequired, http.StatusRequestTimeout,
 	http.StatusTooEarly, http.StatusTooManyRequests,
+}
+
+// KeyFrom says where a request's key is read, when not from a header
+// (key_header): from a query parameter, which stays in the query the
+// upstream sees, or from a string member of a JSON body, named by an RFC
+// 6901 pointer, as Square's API sends idempotency_key and a webhook
+// receiver dedupes on an event's id. Exactly one is set.
+type KeyFrom struct {
+	// Query is the name of the query parameter that carries the key.
+	Query string `json:"query,omitempty"`
+	// JSON is the RFC 6901 pointer to the string member of the JSON body
+	// that carries the key. A body that is not JSON, or lacks the member,
+	// is a request without a key; a body over max_request_body gets 413.
+	JSON string `json:"json,omitempty"`
 }
 
 // Options configure a handler: they are the idempotency directive's
@@ -257,9 +271,9 @@ type Options struct {
 var defaults = Options{
 	KeyHeader:        defaultKeyHeader,
 	Methods:          defaultMethods,
-	Scope:            defaultScope,
+	Scope:            DefaultScope,
 	ScopeChallenge:   "Bearer",
-	ProblemBase:      defaultProblemBase,
+	ProblemBase:      DefaultProblemBase,
 	MinKeyLength:     1,
 	Endpoint:         fingerprint.DefaultEndpoint,
 	Fingerprint:      fingerprint.Body,
@@ -267,30 +281,30 @@ var defaults = Options{
 	LockTimeout:      caddy.Duration(defaultLockTimeout),
 	MaxRequestBody:   defaultMaxBody,
 	MaxResponseBody:  defaultMaxBody,
-	OnStoreError:     failClosed,
-	OnConflict:       conflictReject,
-	OnUnknownOutcome: unknownRelease,
+	OnStoreError:     FailClosed,
+	OnConflict:       ConflictReject,
+	OnUnknownOutcome: UnknownRelease,
 	ReleaseStatuses:  defaultReleaseStatuses,
 	ReplayHeader:     defaultReplayHeader,
 }
 
-// setDefaults fills every option left unset with its documented default.
-func (o *Options) setDefaults() {
-	o.inherit(&defaults)
+// SetDefaults fills every option left unset with its documented default.
+func (o *Options) SetDefaults() {
+	o.Inherit(&defaults)
 	for i, m := range o.Methods {
 		o.Methods[i] = strings.ToUpper(m)
 	}
-	if o.OnConflict == conflictReject {
+	if o.OnConflict == ConflictReject {
 		o.MaxWait = 0
 	}
 }
 
-// inherit fills the options that o leaves unset (zero, or nil for a list)
+// Inherit fills the options that o leaves unset (zero, or nil for a list)
 // from d: the app's defaults, or the documented ones. Each inherited option
 // is named here; the options that go together are taken together, and the
 // store is not an option a route inherits (it shares the app's instance
 // instead). A flag can only be turned on, by either.
-func (o *Options) inherit(d *Options) {
+func (o *Options) Inherit(d *Options) {
 	if o.KeyFrom == nil && o.KeyHeader == "" {
 		o.KeyFrom, o.KeyHeader = d.KeyFrom, d.KeyHeader // not a route's header with the app's key_from
 	}
@@ -340,19 +354,19 @@ func inheritValue[T comparable](own *T, inherited T) {
 }
 
 // inheritList sets a list left out (nil) to a copy of its inherited value,
-// so that setDefaults may change Methods in place. A list given empty is
-// kept, for check to refuse.
+// so that SetDefaults may change Methods in place. A list given empty is
+// kept, for Check to refuse.
 func inheritList[T any](own *[]T, inherited []T) {
 	if *own == nil {
 		*own = slices.Clone(inherited)
 	}
 }
 
-// check reports the first option that is set to a value it cannot take;
+// Check reports the first option that is set to a value it cannot take;
 // an option left unset (zero) passes, as it will get its default. It does
 // no I/O and compiles nothing: the fingerprint_ignore pointers are
 // compiled by Provision.
-func (o *Options) check() error {
+func (o *Options) Check() error {
 	// One rule for every list: left out, it has its default; given, it
 	// holds at least one value. An empty list would otherwise say, without
 	// a word, "protect no method" or "release no status".
@@ -437,16 +451,16 @@ func (o *Options) check() error {
 	case o.MaxResponseBody < 0:
 		return fmt.Errorf("max_response_body must be positive: %d", o.MaxResponseBody)
 	}
-	if err := oneOf("on_store_error", o.OnStoreError, failClosed, failOpen); err != nil {
+	if err := oneOf("on_store_error", o.OnStoreError, FailClosed, FailOpen); err != nil {
 		return err
 	}
-	if err := oneOf("on_conflict", o.OnConflict, conflictReject, conflictWait); err != nil {
+	if err := oneOf("on_conflict", o.OnConflict, ConflictReject, ConflictWait); err != nil {
 		return err
 	}
-	if o.OnConflict == conflictWait && o.MaxWait <= 0 {
+	if o.OnConflict == ConflictWait && o.MaxWait <= 0 {
 		return fmt.Errorf("on_conflict wait needs a positive max_wait, got %v", time.Duration(o.MaxWait))
 	}
-	if err := oneOf("on_unknown_outcome", o.OnUnknownOutcome, unknownRelease, unknownKeep); err != nil {
+	if err := oneOf("on_unknown_outcome", o.OnUnknownOutcome, UnknownRelease, UnknownKeep); err != nil {
 		return err
 	}
 	for _, status := range o.ReleaseStatuses {
