@@ -18,8 +18,8 @@ import (
 
 // attempt is one keyed request on its way through the handler, with what
 // every step of it needs. ServeHTTP makes it once the key is valid; here
-// is the life of a claim it holds: run, then finish as decideEnding
-// (ending.go) says, and the calls that outlive the request (complete,
+// is the life of a claim it holds: run, then finish as decideClaimEnd
+// (claim_end.go) says, and the calls that outlive the request (complete,
 // release, keepUnknown, and their retries in the background). A duplicate
 // waits in wait.go; a retry is answered from its record in replay.go.
 type attempt struct {
@@ -99,8 +99,8 @@ func (a *attempt) run() (err error) {
 	a.result(resultNew)
 	rw := newRecorder(a.w, h.MaxResponseBody)
 	defer rw.free()
-	if h.marksFirst() {
-		rw.marks = h
+	if h.setsFirstHeaders() {
+		rw.firstHeaders = h
 	}
 	h.metrics.claimHeld(1)
 	defer h.metrics.claimHeld(-1)
@@ -136,17 +136,17 @@ func (a *attempt) run() (err error) {
 	return err
 }
 
-// finish ends the claim of a request that has run, as decideEnding says.
+// finish ends the claim of a request that has run, as decideClaimEnd says.
 // ctx is detached from the client's: the response is stored for the
 // retry whether or not the client stayed. Each store bounds its own calls.
 func (a *attempt) finish(ctx context.Context, rw *recorder, handlerErr error, aborted bool) {
 	defer store.SignalEnd(a.key)
-	s := seen{wroteHeader: rw.wroteHeader, status: rw.status, overflow: rw.overflow,
+	s := responseFacts{wroteHeader: rw.wroteHeader, status: rw.status, overflow: rw.overflow,
 		handlerErr: handlerErr != nil, aborted: aborted}
 	if !s.wroteHeader && (s.handlerErr || s.aborted) {
 		s.reached = reachedUpstream(a.repl, handlerErr)
 	}
-	end, why := a.h.decideEnding(s)
+	end, why := a.h.decideClaimEnd(s)
 	switch end {
 	case endStore:
 		a.complete(ctx, rw.response())
@@ -244,10 +244,10 @@ func (a *attempt) retryLater(parent context.Context, op func(context.Context) er
 	lease := a.h.lease
 	holds := a.h.holds
 	deadline := time.Now().Add(lease)
-	holds.Take(lease) // while its request still holds one
+	holds.Add(lease) // while its request still holds one
 	go func() {
 		defer func() { <-background }()
-		defer holds.Give()
+		defer holds.Done()
 		for pause := 100 * time.Millisecond; time.Now().Before(deadline); pause = min(2*pause, 2*time.Second) {
 			ctx, cancel := context.WithDeadline(parent, deadline)
 			err := op(ctx)

@@ -88,8 +88,8 @@ func (a *attempt) claimKey() error {
 	// From here the request uses the store, which a reload that replaces
 	// it must leave open until the request and its background work are
 	// done (store.Holds).
-	h.holds.Take(h.lease)
-	defer h.holds.Give()
+	h.holds.Add(h.lease)
+	defer h.holds.Done()
 
 	body := a.body
 	if !a.bodyRead && h.payload.ReadsBody() { // else the body streams on, unread
