@@ -62,7 +62,7 @@ func TestAdminOnEveryStore(t *testing.T) {
 		// Another scope is another key.
 		admintest.WantError(t, srv, "GET", "/idempotency/keys/"+store.NewKey("bob", "order-1").String()+"?"+storeQ[1:], 404, "no record for key")
 
-		// A claim in flight: listed as stuck once old enough, admin.Purged.
+		// A claim in flight: listed as stuck once old enough, purged.
 		b.blockers = make(chan struct{})
 		done := make(chan response, 1)
 		go func() { done <- do(h, b, post("/slow", "slow-1", "")) }()
@@ -93,7 +93,7 @@ func TestAdminOnEveryStore(t *testing.T) {
 		if p != (admin.Purged{Store: name, Key: slow, Deleted: true}) {
 			t.Fatalf("purge = %+v", p)
 		}
-		// The admin.Purged owner finishes: its client gets the answer, but the
+		// The purged owner finishes: its client gets the answer, but the
 		// store keeps nothing, and a retry runs anew.
 		close(b.blockers)
 		wantStatus(t, <-done, http.StatusCreated)

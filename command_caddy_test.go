@@ -1,4 +1,8 @@
-package admin_test
+package idempotency
+
+// The command against a Caddy that runs the handler, in this package:
+// every test that starts Caddy with its admin endpoint on localhost:2999
+// is in one test binary, so that none runs beside another.
 
 import (
 	"encoding/json"
@@ -16,7 +20,6 @@ import (
 
 	"github.com/caddyserver/caddy/v2/caddytest"
 
-	_ "github.com/caddy-idempotency/caddy-idempotency" // the idempotency directive
 	"github.com/caddy-idempotency/caddy-idempotency/admin"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/admintest"
 	"github.com/caddy-idempotency/caddy-idempotency/store"
@@ -24,7 +27,7 @@ import (
 
 // The command against a real Caddy, in process, through its admin
 // endpoint (Origin and Host checks included): a record the handler made is
-// inspected and admin.Purged, and a claim in flight is listed and admin.Purged.
+// inspected and purged, and a claim in flight is listed and purged.
 func TestCommandAgainstCaddy(t *testing.T) {
 	var runs atomic.Int64
 	release := make(chan struct{})
@@ -156,7 +159,7 @@ http://localhost:9680 {
 	admintest.WantContains(t, out, "purged "+slow+" from "+name)
 	releaseOnce.Do(func() { close(release) })
 	<-slowDone
-	// The admin.Purged owner's response was not stored.
+	// The purged owner's response was not stored.
 	if out, err := admintest.RunCLI(t, "inspect", address, "--store", name, "--hash", slow); err == nil || !strings.Contains(err.Error(), "no record for key "+slow) {
 		t.Fatalf("inspect of a admin.Purged claim = %v\n%s", err, out)
 	}
