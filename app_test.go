@@ -13,6 +13,9 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddytest"
+
+	"github.com/caddy-idempotency/caddy-idempotency/app"
+	"github.com/caddy-idempotency/caddy-idempotency/fingerprint"
 )
 
 func TestAdaptGlobalDefaults(t *testing.T) {
@@ -170,8 +173,8 @@ func TestRoutesInheritOutcomeOptions(t *testing.T) {
 		outcome    string
 		storeFiveX bool
 	}{
-		{Handler{}, unknownKeep, true},
-		{Handler{Options: Options{OnUnknownOutcome: unknownRelease}}, unknownRelease, true},
+		{Handler{}, app.UnknownKeep, true},
+		{Handler{Options: app.Options{OnUnknownOutcome: app.UnknownRelease}}, app.UnknownRelease, true},
 	} {
 		ctx, cancel := caddy.NewContext(base)
 		h := tc.own
@@ -206,7 +209,7 @@ func TestRoutesInheritReleaseStatuses(t *testing.T) {
 		{[]int{409, 503}, []int{409, 503}},
 	} {
 		ctx, cancel := caddy.NewContext(base)
-		h := Handler{Options: Options{ReleaseStatuses: tc.own}}
+		h := Handler{Options: app.Options{ReleaseStatuses: tc.own}}
 		if err := h.Provision(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -245,7 +248,7 @@ func TestRoutesInheritProtocolOptions(t *testing.T) {
 		h.ScopeChallenge != `Basic realm="api"` || len(h.FingerprintOnly) != 1 {
 		t.Errorf("the defaults were not inherited: %+v", h.Options)
 	}
-	own := provisioned(Handler{Options: Options{KeyHeader: "X-Key", MinKeyLength: 8, Fingerprint: fingerprintJSON, FingerprintIgnore: []string{"/ts"}}})
+	own := provisioned(Handler{Options: app.Options{KeyHeader: "X-Key", MinKeyLength: 8, Fingerprint: fingerprint.JSON, FingerprintIgnore: []string{"/ts"}}})
 	if own.KeyFrom != nil || own.KeyHeader != "X-Key" || own.MinKeyLength != 8 || len(own.FingerprintOnly) != 0 {
 		t.Errorf("a route's own options lost to the defaults: %+v", own.Options)
 	}

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddy-idempotency/caddy-idempotency/app"
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
@@ -19,14 +20,14 @@ func TestTakeoverOfADeadOwnerIsAnUnknownOutcome(t *testing.T) {
 		for _, keep := range []bool{true, false} {
 			h := provision(t, raw, func(h *Handler) {
 				if keep {
-					h.OnUnknownOutcome = unknownKeep
+					h.OnUnknownOutcome = app.UnknownKeep
 				}
 			})
 			b := &backend{}
 			clientKey := "crashed-" + itoa(testSeq.Add(1))
 			// The dead owner: a claim nobody renews or ends, of this very request.
 			req := post("/pay", clientKey, "x")
-			dead := &store.Claim{Token: newToken(), Endpoint: "POST api.example.com/pay", Fingerprint: h.payload.of(req, []byte("x")),
+			dead := &store.Claim{Token: store.NewToken(), Endpoint: "POST api.example.com/pay", Fingerprint: h.payload.Of(req, []byte("x")),
 				CreatedAt: time.Now(), Lease: 100 * time.Millisecond, TTL: time.Minute}
 			if got, err := h.store.Acquire(context.Background(), store.NewKey("", clientKey), dead); err != nil || got.Record != nil {
 				t.Fatalf("the dead owner's claim: %v %v", got.Record, err)
@@ -56,11 +57,11 @@ func TestTakeoverOfADeadOwnerIsAnUnknownOutcome(t *testing.T) {
 // the dead request completed. Neither runs.
 func TestDeadOwnersKeptClaimKeepsItsBinding(t *testing.T) {
 	eachStore(t, func(t *testing.T, raw json.RawMessage) {
-		h := provision(t, raw, func(h *Handler) { h.OnUnknownOutcome = unknownKeep })
+		h := provision(t, raw, func(h *Handler) { h.OnUnknownOutcome = app.UnknownKeep })
 		b := &backend{}
 		clientKey := "crashed-" + itoa(testSeq.Add(1))
 		original := post("/pay", clientKey, `{"amount":100}`)
-		dead := &store.Claim{Token: newToken(), Endpoint: "POST api.example.com/pay", Fingerprint: h.payload.of(original, []byte(`{"amount":100}`)),
+		dead := &store.Claim{Token: store.NewToken(), Endpoint: "POST api.example.com/pay", Fingerprint: h.payload.Of(original, []byte(`{"amount":100}`)),
 			CreatedAt: time.Now(), Lease: 100 * time.Millisecond, TTL: time.Minute}
 		if got, err := h.store.Acquire(context.Background(), store.NewKey("", clientKey), dead); err != nil || got.Record != nil {
 			t.Fatalf("the dead owner's claim: %v %v", got.Record, err)

@@ -10,13 +10,15 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
+	"github.com/caddy-idempotency/caddy-idempotency/app"
+	"github.com/caddy-idempotency/caddy-idempotency/sealing"
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
 // attempt is one keyed request on its way through the handler, with what
 // every step of it needs. ServeHTTP makes it once the key is valid; here
-// is the life of a claim it holds: run, then finish as decideEnding
-// (ending.go) says, and the calls that outlive the request (complete,
+// is the life of a claim it holds: run, then finish as decideClaimEnd
+// (claim_end.go) says, and the calls that outlive the request (complete,
 // release, keepUnknown, and their retries in the background). A duplicate
 // waits in wait.go; a retry is answered from its record in replay.go.
 type attempt struct {
@@ -47,13 +49,13 @@ func (a *attempt) refuse(kind problemKind) error {
 // left to answer or to run the request for.
 func (a *attempt) storeFailed(err error) error {
 	h := a.h
-	if u, ok := errors.AsType[*unreadableRecord](err); ok {
+	if u, ok := errors.AsType[*sealing.Unreadable](err); ok {
 		// The request ran once already: it is not run again, and the
 		// response is not replayed. Nothing was claimed.
-		h.metrics.unreadable(u.reason)
+		h.metrics.unreadable(u.Reason)
 		h.logger.Error("the stored response cannot be read: "+u.Error()+"; refusing the request without running it again",
-			zap.String("key_hash", a.key.String()), zap.String("reason", u.reason),
-			zap.String("key_id", u.keyID), zap.Strings("configured_key_ids", h.keys.ids()))
+			zap.String("key_hash", a.key.String()), zap.String("reason", u.Reason),
+			zap.String("key_id", u.KeyID), zap.Strings("configured_key_ids", h.keys.IDs()))
 		return a.refuse(problemUnreadable)
 	}
 	if a.r.Context().Err() != nil {
@@ -61,7 +63,7 @@ func (a *attempt) storeFailed(err error) error {
 		a.w.WriteHeader(statusClientClosed) // for the access log, as reverse_proxy does
 		return nil
 	}
-	if h.OnStoreError == failOpen {
+	if h.OnStoreError == app.FailOpen {
 		a.result(resultError)
 		h.logger.Warn("idempotency store unavailable; passing the request through unprotected (fail_open)",
 			zap.String("key_hash", a.key.String()), zap.Error(err))
@@ -95,12 +97,12 @@ func (a *attempt) run() (err error) {
 	h := a.h
 	a.result(resultNew)
 	rw := newRecorder(a.w, h.MaxResponseBody)
-	if h.marksFirst() {
-		rw.marks = h
+	if h.setsFirstHeaders() {
+		rw.firstHeaders = h
 	}
 	h.metrics.claimHeld(1)
 	defer h.metrics.claimHeld(-1)
-	if h.OnUnknownOutcome == unknownKeep && markEarlierUpstream(a.repl) {
+	if h.OnUnknownOutcome == app.UnknownKeep && markEarlierUpstream(a.repl) {
 		defer unmarkEarlierUpstream(a.repl)
 	}
 	lease, ctx := h.leases.start(a.r.Context(), a.key, a.claim.Token, a.claim.CreatedAt)
@@ -132,17 +134,17 @@ func (a *attempt) run() (err error) {
 	return err
 }
 
-// finish ends the claim of a request that has run, as decideEnding says.
+// finish ends the claim of a request that has run, as decideClaimEnd says.
 // ctx is detached from the client's: the response is stored for the
 // retry whether or not the client stayed. Each store bounds its own calls.
 func (a *attempt) finish(ctx context.Context, rw *recorder, handlerErr error, aborted bool) {
 	defer store.SignalEnd(a.key)
-	s := seen{wroteHeader: rw.wroteHeader, status: rw.status, overflow: rw.overflow,
+	s := responseFacts{wroteHeader: rw.wroteHeader, status: rw.status, overflow: rw.overflow,
 		handlerErr: handlerErr != nil, aborted: aborted}
 	if !s.wroteHeader && (s.handlerErr || s.aborted) {
 		s.reached = reachedUpstream(a.repl, handlerErr)
 	}
-	end, why := a.h.decideEnding(s)
+	end, why := a.h.decideClaimEnd(s)
 	switch end {
 	case endStore:
 		a.complete(ctx, rw.response())
@@ -240,10 +242,10 @@ func (a *attempt) retryLater(parent context.Context, op func(context.Context) er
 	lease := a.h.lease
 	holds := a.h.holds
 	deadline := time.Now().Add(lease)
-	holds.Take(lease) // while its request still holds one
+	holds.Add(lease) // while its request still holds one
 	go func() {
 		defer func() { <-background }()
-		defer holds.Give()
+		defer holds.Done()
 		for pause := 100 * time.Millisecond; time.Now().Before(deadline); pause = min(2*pause, 2*time.Second) {
 			ctx, cancel := context.WithDeadline(parent, deadline)
 			err := op(ctx)

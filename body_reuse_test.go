@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/caddy-idempotency/caddy-idempotency/app"
 )
 
 // A body the handler buffered is the next handler's for as long as it
@@ -13,7 +15,7 @@ import (
 // path the request took (here: key_from json, no key in the body, a route
 // that does not require one), a later request never writes into it.
 func TestBufferedBodyOutlivesTheHandler(t *testing.T) {
-	h := provision(t, storeConfigs[0].raw(t), func(h *Handler) { h.KeyFrom = &KeyFrom{JSON: "/id"} })
+	h := provision(t, storeConfigs[0].raw(t), func(h *Handler) { h.KeyFrom = &app.KeyFrom{JSON: "/id"} })
 	var kept io.Reader
 	late := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
 		if kept == nil {

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
-	"unicode/utf8"
 
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 	"github.com/caddy-idempotency/caddy-idempotency/store/storetest"
@@ -71,27 +70,4 @@ func TestLongEndpointKeptBounded(t *testing.T) {
 			t.Fatalf("backend ran %d times, want 3", n)
 		}
 	})
-}
-
-// An endpoint is kept as it is up to maxEndpoint bytes; a longer one as a
-// readable prefix, cut between characters, and its hash, longer than any
-// endpoint kept as it is.
-func TestKeptEndpoint(t *testing.T) {
-	exact := strings.Repeat("a", maxEndpoint)
-	if got := keptEndpoint(exact); got != exact {
-		t.Fatalf("an endpoint of maxEndpoint bytes kept as %q", got)
-	}
-	for _, e := range []string{
-		exact + "b",
-		strings.Repeat("a", maxEndpoint-1) + "é" + strings.Repeat("b", 10),
-		strings.Repeat("\x80", 2*maxEndpoint), // not UTF-8
-	} {
-		got := keptEndpoint(e)
-		if len(got) <= maxEndpoint || len(got) > maxEndpoint+100 || keptEndpoint(e) != got || keptEndpoint(e+"x") == got {
-			t.Errorf("%.20q… (%d bytes) kept as %d bytes %q", e, len(e), len(got), got)
-		}
-		if utf8.ValidString(e) && !utf8.ValidString(got) {
-			t.Errorf("%.20q… kept as %q, cut within a character", e, got)
-		}
-	}
 }

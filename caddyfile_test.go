@@ -12,6 +12,8 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddytest"
+
+	"github.com/caddy-idempotency/caddy-idempotency/app"
 )
 
 func TestAdaptEveryOption(t *testing.T) {
@@ -250,17 +252,17 @@ func TestValidateRefusesBadJSONConfig(t *testing.T) {
 		h    Handler
 		want string
 	}{
-		{Handler{Options: Options{KeyHeader: "bad header"}}, "key_header"},
-		{Handler{Options: Options{ReplayHeader: "x:y"}}, "replay_header"},
-		{Handler{Options: Options{Methods: []string{"PO ST"}}}, "methods"},
-		{Handler{Options: Options{TTL: -1}}, "ttl"},
-		{Handler{Options: Options{LockTimeout: 1000}}, "lock_timeout"},
-		{Handler{Options: Options{MaxRequestBody: -1}}, "max_request_body"},
-		{Handler{Options: Options{MaxResponseBody: -1}}, "max_response_body"},
-		{Handler{Options: Options{OnStoreError: "retry"}}, "on_store_error"},
-		{Handler{Options: Options{OnConflict: "queue"}}, "on_conflict"},
-		{Handler{Options: Options{OnConflict: "wait"}}, "max_wait"},
-		{Handler{Options: Options{OnUnknownOutcome: "forget"}}, "on_unknown_outcome"},
+		{Handler{Options: app.Options{KeyHeader: "bad header"}}, "key_header"},
+		{Handler{Options: app.Options{ReplayHeader: "x:y"}}, "replay_header"},
+		{Handler{Options: app.Options{Methods: []string{"PO ST"}}}, "methods"},
+		{Handler{Options: app.Options{TTL: -1}}, "ttl"},
+		{Handler{Options: app.Options{LockTimeout: 1000}}, "lock_timeout"},
+		{Handler{Options: app.Options{MaxRequestBody: -1}}, "max_request_body"},
+		{Handler{Options: app.Options{MaxResponseBody: -1}}, "max_response_body"},
+		{Handler{Options: app.Options{OnStoreError: "retry"}}, "on_store_error"},
+		{Handler{Options: app.Options{OnConflict: "queue"}}, "on_conflict"},
+		{Handler{Options: app.Options{OnConflict: "wait"}}, "max_wait"},
+		{Handler{Options: app.Options{OnUnknownOutcome: "forget"}}, "on_unknown_outcome"},
 	} {
 		h := tc.h
 		h.StoreRaw = storeConfigs[0].raw(t)

@@ -6,6 +6,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/caddy-idempotency/caddy-idempotency/app"
 )
 
 // markdownLink matches an inline link or image target: [text](target) or
@@ -60,7 +62,7 @@ func TestDocsLinks(t *testing.T) {
 			}
 		}
 	}
-	probs := newProblems(defaultProblemBase, &keySource{header: "Idempotency-Key", where: "the Idempotency-Key request header", what: "The Idempotency-Key header"}, 1, 1)
+	probs := newProblems(app.DefaultProblemBase, &keySource{header: "Idempotency-Key", where: "the Idempotency-Key request header", what: "The Idempotency-Key header"}, 1, 1)
 	for _, p := range probs {
 		anchor := strings.TrimPrefix(p.typ, docsURL)
 		if !anchorsOf("README.md")[anchor] {

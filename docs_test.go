@@ -19,6 +19,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/caddy-idempotency/caddy-idempotency/app"
 	"github.com/caddy-idempotency/caddy-idempotency/store/file"
 	"github.com/caddy-idempotency/caddy-idempotency/store/memory"
 	"github.com/caddy-idempotency/caddy-idempotency/store/postgres"
@@ -59,9 +60,9 @@ var refModules = []refModule{
 		title:  "App",
 		anchor: "app",
 		id:     "idempotency",
-		file:   "app.go",
+		file:   "app/app.go",
 		typ:    "App",
-		value:  App{},
+		value:  app.App{},
 		where:  "`{\"apps\": {\"idempotency\": {...}}}`, next to the `http` app. The Caddyfile's `idempotency` global option adapts to it.",
 	},
 	{
@@ -155,9 +156,9 @@ func TestJSONReference(t *testing.T) {
 // the code applies, where they can be applied without I/O: the handler's
 // (setDefaults) and the memory store's (Provision).
 func TestJSONReferenceDefaults(t *testing.T) {
-	var o Options
-	o.setDefaults()
-	checkDefaults(t, "options.go", "Options", &o)
+	var o app.Options
+	o.SetDefaults()
+	checkDefaults(t, "app/options.go", "Options", &o)
 
 	m := memory.Memory{}
 	if err := m.Provision(caddy.Context{}); err != nil {
@@ -265,7 +266,7 @@ the field, never "none of them".
 		b.WriteString(st.doc) // ends with a blank line
 		for _, e := range st.embeds {
 			fmt.Fprintf(&b, "Embedded `%s`: %s\n\n", e.typ, e.doc)
-			if e.typ == "Options" {
+			if e.typ == "app.Options" || e.typ == "Options" {
 				b.WriteString("Its fields are every field of the [handler](#handler), at the top level of the app's object, with the same types and defaults.\n\n")
 			} else {
 				fmt.Fprintf(&b, "Its fields are those of `%s`, at the top level of this object.\n\n", e.typ)
@@ -358,7 +359,7 @@ func addField(out *refStruct, fset *token.FileSet, path, typ string, field *ast.
 
 	if len(field.Names) == 0 { // embedded
 		name := typeString(field.Type)
-		if !ast.IsExported(strings.TrimPrefix(name, "*")) || hasTag {
+		if !ast.IsExported(name[strings.LastIndexAny(name, "*.")+1:]) || hasTag {
 			if hasTag {
 				return fmt.Errorf("%s: %s: embedded %s with a json tag is not supported by the generator", pos, typ, name)
 			}
@@ -552,10 +553,10 @@ func commentText(texts []comment.Text) string {
 func flattenEmbeds(st *refStruct) (*refStruct, error) {
 	flat := &refStruct{doc: st.doc}
 	for _, e := range st.embeds {
-		if e.typ != "Options" {
+		if e.typ != "app.Options" && e.typ != "Options" {
 			return nil, fmt.Errorf("flattening embedded %s is not supported by the generator", e.typ)
 		}
-		os, err := parseConfigStruct("options.go", "Options")
+		os, err := parseConfigStruct("app/options.go", "Options")
 		if err != nil {
 			return nil, err
 		}
@@ -578,8 +579,8 @@ func crossCheck(m refModule, st *refStruct) error {
 	}
 	var parsed []string
 	for _, e := range st.embeds {
-		if e.typ == "Options" {
-			hs, err := parseConfigStruct("options.go", "Options")
+		if e.typ == "app.Options" || e.typ == "Options" {
+			hs, err := parseConfigStruct("app/options.go", "Options")
 			if err != nil {
 				return err
 			}

@@ -11,6 +11,9 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/caddy-idempotency/caddy-idempotency/app"
+	"github.com/caddy-idempotency/caddy-idempotency/fingerprint"
 )
 
 // orderBody is a JSON body of at least size bytes shaped like an API
@@ -53,15 +56,15 @@ var fingerprintBenchModes = []struct {
 	tweak func(*Handler)
 }{
 	{"body", nil},
-	{"json", func(h *Handler) { h.Fingerprint = fingerprintJSON }},
+	{"json", func(h *Handler) { h.Fingerprint = fingerprint.JSON }},
 	{"json_ignore", func(h *Handler) {
-		h.Fingerprint = fingerprintJSON
+		h.Fingerprint = fingerprint.JSON
 		h.FingerprintIgnore = []string{"/sent_at", "/items/*/client_ts"}
 	}},
 }
 
 func fingerprintBenchHandler(b *testing.B, tweak func(*Handler)) *Handler {
-	h := &Handler{Options: Options{StoreRaw: json.RawMessage(`{"module":"memory"}`)}}
+	h := &Handler{Options: app.Options{StoreRaw: json.RawMessage(`{"module":"memory"}`)}}
 	if tweak != nil {
 		tweak(h)
 	}
@@ -87,7 +90,7 @@ func BenchmarkFingerprint(b *testing.B) {
 				b.SetBytes(int64(len(body)))
 				b.ReportAllocs()
 				for b.Loop() {
-					h.payload.of(req, body)
+					h.payload.Of(req, body)
 				}
 			})
 		}

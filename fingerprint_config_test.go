@@ -13,6 +13,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddytest"
+
+	"github.com/caddy-idempotency/caddy-idempotency/app"
 )
 
 func TestAdaptFingerprintOptions(t *testing.T) {
@@ -84,12 +86,12 @@ func TestFingerprintValidate(t *testing.T) {
 		h    Handler
 		want string
 	}{
-		{Handler{Options: Options{Fingerprint: "xml"}}, `fingerprint: want body, json or none, got "xml"`},
-		{Handler{Options: Options{FingerprintIgnore: []string{"/sent_at"}}}, "fingerprint_ignore applies only with fingerprint json, not body"},
-		{Handler{Options: Options{Fingerprint: "none", FingerprintIgnore: []string{"/sent_at"}}}, "fingerprint_ignore applies only with fingerprint json, not none"},
-		{Handler{Options: Options{Fingerprint: "json", FingerprintIgnore: []string{"/ok", "sent_at"}}}, "fingerprint_ignore: 'sent_at' is not a JSON pointer (RFC 6901): must start with /"},
-		{Handler{Options: Options{FingerprintHeaders: []string{"X-Ok", "X Bad"}}}, `fingerprint_headers: invalid header name "X Bad"`},
-		{Handler{Options: Options{FingerprintHeaders: []string{""}}}, `fingerprint_headers: invalid header name ""`},
+		{Handler{Options: app.Options{Fingerprint: "xml"}}, `fingerprint: want body, json or none, got "xml"`},
+		{Handler{Options: app.Options{FingerprintIgnore: []string{"/sent_at"}}}, "fingerprint_ignore applies only with fingerprint json, not body"},
+		{Handler{Options: app.Options{Fingerprint: "none", FingerprintIgnore: []string{"/sent_at"}}}, "fingerprint_ignore applies only with fingerprint json, not none"},
+		{Handler{Options: app.Options{Fingerprint: "json", FingerprintIgnore: []string{"/ok", "sent_at"}}}, "fingerprint_ignore: 'sent_at' is not a JSON pointer (RFC 6901): must start with /"},
+		{Handler{Options: app.Options{FingerprintHeaders: []string{"X-Ok", "X Bad"}}}, `fingerprint_headers: invalid header name "X Bad"`},
+		{Handler{Options: app.Options{FingerprintHeaders: []string{""}}}, `fingerprint_headers: invalid header name ""`},
 	} {
 		// Provision compiles, Validate checks the rest, as Caddy calls them.
 		h := tc.h
@@ -103,9 +105,9 @@ func TestFingerprintValidate(t *testing.T) {
 			t.Errorf("%+v: Provision and Validate = %v, want %q", tc.h, err, tc.want)
 		}
 		// The app's defaults are checked the same way.
-		app := App{Options: tc.h.Options}
-		if err = app.Provision(ctx); err == nil {
-			err = app.Validate()
+		global := app.App{Options: tc.h.Options}
+		if err = global.Provision(ctx); err == nil {
+			err = global.Validate()
 		}
 		if err == nil || err.Error() != "idempotency defaults: "+tc.want {
 			t.Errorf("app %+v: Provision and Validate = %v, want %q", tc.h, err, tc.want)
@@ -116,7 +118,8 @@ func TestFingerprintValidate(t *testing.T) {
 		h.Fingerprint = "json"
 		h.FingerprintIgnore = []string{"/sent_at"}
 	})
-	if h.payload.ignore == nil {
+	req := httptest.NewRequest("POST", "/", nil)
+	if h.payload.Of(req, []byte(`{"a":1,"sent_at":1}`)) != h.payload.Of(req, []byte(`{"a":1,"sent_at":2}`)) {
 		t.Error("the pointers were not compiled at Provision")
 	}
 }

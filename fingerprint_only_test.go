@@ -6,13 +6,15 @@ import (
 	"testing"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+
+	"github.com/caddy-idempotency/caddy-idempotency/fingerprint"
 )
 
 // fingerprint_only: only the selected members make the payload; the rest
 // of the body may change between retries.
 func TestFingerprintOnly(t *testing.T) {
 	h := provision(t, storeConfigs[0].raw(t), func(h *Handler) {
-		h.Fingerprint = fingerprintJSON
+		h.Fingerprint = fingerprint.JSON
 		h.FingerprintOnly = []string{"/amount", "/items/*/sku"}
 	})
 	b := &backend{}

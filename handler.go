@@ -11,6 +11,9 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/caddy-idempotency/caddy-idempotency/app"
+	"github.com/caddy-idempotency/caddy-idempotency/fingerprint"
+	"github.com/caddy-idempotency/caddy-idempotency/sealing"
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
@@ -65,7 +68,7 @@ func (h *Handler) serveKey(w http.ResponseWriter, r *http.Request, next caddyhtt
 	case len(values) > 1:
 		return a.refuse(problemRepeatedKey)
 	}
-	clientKey, ok := parseKey(values[0])
+	clientKey, ok := store.ParseClientKey(values[0])
 	if !ok || len(clientKey) < h.MinKeyLength {
 		return a.refuse(problemInvalidKey)
 	}
@@ -85,11 +88,11 @@ func (a *attempt) claimKey() error {
 	// From here the request uses the store, which a reload that replaces
 	// it must leave open until the request and its background work are
 	// done (store.Holds).
-	h.holds.Take(h.lease)
-	defer h.holds.Give()
+	h.holds.Add(h.lease)
+	defer h.holds.Done()
 
 	body := a.body
-	if !a.bodyRead && h.payload.mode != modeNone { // else the body streams on, unread
+	if !a.bodyRead && h.payload.ReadsBody() { // else the body streams on, unread
 		var tooLarge bool
 		var err error
 		if body, tooLarge, err = readBody(r, h.MaxRequestBody); err != nil {
@@ -105,12 +108,12 @@ func (a *attempt) claimKey() error {
 		r.Header[h.forwardKeyField] = []string{a.key.String()}
 	}
 	a.claim = store.Claim{
-		Token:       newToken(),
-		Endpoint:    endpointOf(h.Endpoint, r, a.repl),
-		Fingerprint: h.payload.of(r, body),
+		Token:       store.NewToken(),
+		Endpoint:    fingerprint.Endpoint(h.Endpoint, r, a.repl),
+		Fingerprint: h.payload.Of(r, body),
 		Lease:       h.lease,
 		TTL:         h.ttl,
-		KeepUnknown: h.OnUnknownOutcome == unknownKeep,
+		KeepUnknown: h.OnUnknownOutcome == app.UnknownKeep,
 	}
 	got, err := a.acquire(r.Context())
 	if got.TookOver {
@@ -125,7 +128,7 @@ func (a *attempt) claimKey() error {
 		return a.storeFailed(err)
 	case rec == nil:
 		return a.run()
-	case rec.State == store.InProgress && h.MaxWait > 0 && boundTo(rec, &a.claim):
+	case rec.State == store.InProgress && h.MaxWait > 0 && rec.BoundTo(&a.claim):
 		return a.wait()
 	default:
 		return a.replay(rec)
@@ -164,7 +167,7 @@ func (a *attempt) acquire(ctx context.Context) (store.Acquired, error) {
 		}
 		a.claim.CreatedAt = renewed
 	}
-	if _, unreadable := errors.AsType[*unreadableRecord](err); err != nil && !unreadable {
+	if _, unreadable := errors.AsType[*sealing.Unreadable](err); err != nil && !unreadable {
 		a.withdraw() // the claim may have landed all the same
 		return store.Acquired{}, err
 	}

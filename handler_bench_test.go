@@ -12,6 +12,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
+	"github.com/caddy-idempotency/caddy-idempotency/app"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/testredis"
 )
 
@@ -49,7 +50,7 @@ func benchStores(b *testing.B) map[string]json.RawMessage {
 }
 
 func benchHandler(b *testing.B, raw json.RawMessage) *Handler {
-	h := &Handler{Options: Options{StoreRaw: raw}}
+	h := &Handler{Options: app.Options{StoreRaw: raw}}
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 	b.Cleanup(cancel)
 	if err := h.Provision(ctx); err != nil {

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/caddy-idempotency/caddy-idempotency/app"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/testredis"
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
@@ -69,7 +70,7 @@ func TestClientGoneWhileClaimWaits(t *testing.T) {
 const goneScope = "tenant-1"
 
 func testClientGone(t *testing.T, raw json.RawMessage, heldLeaves bool, hold func(*testing.T, *Handler) func()) {
-	h, name := provisionNamed(t, raw, func(h *Handler) { h.OnStoreError = failOpen; h.Scope = goneScope })
+	h, name := provisionNamed(t, raw, func(h *Handler) { h.OnStoreError = app.FailOpen; h.Scope = goneScope })
 	logs := watchLogs(h)
 	b := &backend{}
 	unhold := hold(t, h)

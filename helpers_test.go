@@ -20,6 +20,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/caddy-idempotency/caddy-idempotency/app"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/testpg"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/testredis"
 	"github.com/caddy-idempotency/caddy-idempotency/store"
@@ -79,7 +80,7 @@ var storeConfigs = []struct {
 }
 
 // docsURL is where problem types point by default (problem_base).
-const docsURL = defaultProblemBase + "#"
+const docsURL = app.DefaultProblemBase + "#"
 
 var testSeq atomic.Int64
 
@@ -95,7 +96,7 @@ func eachStore(t *testing.T, f func(t *testing.T, raw json.RawMessage)) {
 // provision makes a ready handler; tweak adjusts the config first.
 func provision(t *testing.T, raw json.RawMessage, tweak func(*Handler)) *Handler {
 	t.Helper()
-	h := &Handler{Options: Options{StoreRaw: raw}}
+	h := &Handler{Options: app.Options{StoreRaw: raw}}
 	if tweak != nil {
 		tweak(h)
 	}

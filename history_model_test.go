@@ -15,7 +15,7 @@ import (
 // promise, as the answers a request may get given what happened before.
 //
 // The upstream's log is the ground truth of what ran: each run knows its
-// request. Each run ends as the failure table says (decideEnding): its
+// request. Each run ends as the failure table says (decideClaimEnd): its
 // answer stored, kept whole or not, released, or kept as an unknown
 // outcome. A run is troubled when a fault touched its instance while it
 // held its claim (a drawn fault, or a store call slower than slowCall): its claim may then be lost (a dead owner's, taken over

@@ -24,6 +24,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/caddy-idempotency/caddy-idempotency/app"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/faultproxy"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/testredis"
 	"github.com/caddy-idempotency/caddy-idempotency/store"
@@ -370,7 +371,7 @@ func (run *histRun) startProcess(instance, gen int, dir string) (*histProcess, e
 // provision makes a handler of the route on p's store.
 func (run *histRun) provision(p *histProcess, instance int, changed bool) (*Handler, func(), error) {
 	r := run.h.route
-	h := &Handler{Options: Options{
+	h := &Handler{Options: app.Options{
 		StoreRaw:        run.storeRaw(p, instance, changed),
 		LockTimeout:     caddy.Duration(histLease),
 		TTL:             caddy.Duration(r.ttl),
@@ -380,19 +381,19 @@ func (run *histRun) provision(p *histProcess, instance int, changed bool) (*Hand
 		MaxResponseBody: 1 << 20,
 	}}
 	if r.wait > 0 {
-		h.OnConflict, h.MaxWait = conflictWait, caddy.Duration(r.wait)
+		h.OnConflict, h.MaxWait = app.ConflictWait, caddy.Duration(r.wait)
 	}
 	if r.keep {
-		h.OnUnknownOutcome = unknownKeep
+		h.OnUnknownOutcome = app.UnknownKeep
 	}
 	if r.failOpen {
-		h.OnStoreError = failOpen
+		h.OnStoreError = app.FailOpen
 	}
 	if r.release409 {
 		h.ReleaseStatuses = []int{http.StatusConflict}
 	}
 	if r.keyInBody {
-		h.KeyFrom = &KeyFrom{JSON: "/id"}
+		h.KeyFrom = &app.KeyFrom{JSON: "/id"}
 	}
 	if r.sealed {
 		h.EncryptionKeys = []string{"MDEyMzQ1Njc4OTAxMjM0NTY3ODkwMTIzNDU2Nzg5MDE="}

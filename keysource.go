@@ -5,44 +5,31 @@ import (
 	"net/http"
 	"slices"
 
-	"github.com/caddy-idempotency/caddy-idempotency/internal/canonjson"
+	"github.com/caddy-idempotency/caddy-idempotency/app"
+	"github.com/caddy-idempotency/caddy-idempotency/fingerprint"
 )
-
-// KeyFrom says where a request's key is read, when not from a header
-// (key_header): from a query parameter, which stays in the query the
-// upstream sees, or from a string member of a JSON body, named by an RFC
-// 6901 pointer, as Square's API sends idempotency_key and a webhook
-// receiver dedupes on an event's id. Exactly one is set.
-type KeyFrom struct {
-	// Query is the name of the query parameter that carries the key.
-	Query string `json:"query,omitempty"`
-	// JSON is the RFC 6901 pointer to the string member of the JSON body
-	// that carries the key. A body that is not JSON, or lacks the member,
-	// is a request without a key; a body over max_request_body gets 413.
-	JSON string `json:"json,omitempty"`
-}
 
 // keySource reads the key's values where the options say: the header's
 // values, the query parameter's, or the JSON member's (none or one).
 type keySource struct {
-	header string     // canonical header name; "" when the key is elsewhere
-	query  string     // query parameter
-	member *selection // the JSON member's pointer; nil when not from the body
-	where  string     // for the problems: "the Idempotency-Key request header"
-	what   string     // "The Idempotency-Key header"
+	header string                 // canonical header name; "" when the key is elsewhere
+	query  string                 // query parameter
+	member *fingerprint.Selection // the JSON member's pointer; nil when not from the body
+	where  string                 // for the problems: "the Idempotency-Key request header"
+	what   string                 // "The Idempotency-Key header"
 }
 
-func newKeySource(header string, from *KeyFrom) (keySource, error) {
+func newKeySource(header string, from *app.KeyFrom) (keySource, error) {
 	switch {
 	case from != nil && from.Query != "":
 		return keySource{query: from.Query,
 			where: "the " + from.Query + " query parameter", what: "The " + from.Query + " query parameter"}, nil
 	case from != nil && from.JSON != "":
-		member, err := newSelection([]string{from.JSON})
+		member, err := fingerprint.NewSelection([]string{from.JSON})
 		if err != nil {
 			return keySource{}, fmt.Errorf("key_from json: %w", err)
 		}
-		if slices.Contains(member.pointers[0], "*") {
+		if slices.Contains(member.Pointers[0], "*") {
 			return keySource{}, fmt.Errorf("key_from json: %s names more than one member: * matches every member, as in fingerprint_ignore", from.JSON)
 		}
 		return keySource{member: member,
@@ -64,19 +51,8 @@ func (k *keySource) values(r *http.Request, body []byte) []string {
 	case k.query != "":
 		return r.URL.Query()[k.query]
 	}
-	if v, ok := jsonMember(body, k.member); ok {
+	if v, ok := k.member.Member(body); ok {
 		return []string{v}
 	}
 	return nil
-}
-
-// jsonMember is the string that member's pointer names in body, a JSON
-// document; ok is false when body is not JSON or the member is not there.
-func jsonMember(body []byte, member *selection) (string, bool) {
-	doc, ok := canonjson.Parse(body, member.filter)
-	if !ok {
-		return "", false
-	}
-	defer doc.Close()
-	return doc.Member(member.pointers[0])
 }

@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/caddy-idempotency/caddy-idempotency/app"
 )
 
 // Reading the key from a JSON body costs in line with the body: a
@@ -14,7 +16,7 @@ import (
 // not it holds the key. The buffered body itself grows by doubling, so it
 // costs up to twice its size.
 func TestKeyFromJSONCostsInLineWithTheBody(t *testing.T) {
-	h := provision(t, storeConfigs[0].raw(t), func(h *Handler) { h.KeyFrom = &KeyFrom{JSON: "/id"} })
+	h := provision(t, storeConfigs[0].raw(t), func(h *Handler) { h.KeyFrom = &app.KeyFrom{JSON: "/id"} })
 	// The next handler leaves the body unread: what is counted is the handler's.
 	b := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error { w.WriteHeader(http.StatusCreated); return nil })
 	items := strings.TrimSuffix(strings.Repeat(`1,`, 500_000), ",")

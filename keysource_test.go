@@ -6,14 +6,17 @@ import (
 	"testing"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+
+	"github.com/caddy-idempotency/caddy-idempotency/app"
+	"github.com/caddy-idempotency/caddy-idempotency/fingerprint"
 )
 
 // key_from json: the key is a string member of the JSON body, as Square's
 // API sends idempotency_key; the body still reaches the upstream whole.
 func TestKeyFromJSONBody(t *testing.T) {
 	h := provision(t, storeConfigs[0].raw(t), func(h *Handler) {
-		h.KeyFrom = &KeyFrom{JSON: "/idempotency_key"}
-		h.Fingerprint = fingerprintJSON
+		h.KeyFrom = &app.KeyFrom{JSON: "/idempotency_key"}
+		h.Fingerprint = fingerprint.JSON
 	})
 	b := &backend{}
 	body := `{"amount":100,"idempotency_key":"sq-1"}`
@@ -37,7 +40,7 @@ func TestKeyFromJSONBody(t *testing.T) {
 	}
 
 	req := provision(t, storeConfigs[0].raw(t), func(h *Handler) {
-		h.KeyFrom = &KeyFrom{JSON: "/event/id"}
+		h.KeyFrom = &app.KeyFrom{JSON: "/event/id"}
 		h.Required = true
 	})
 	r := do(req, b, post("/hook", "", `{"event":{"type":"paid"}}`))
@@ -54,7 +57,7 @@ func TestKeyFromJSONBody(t *testing.T) {
 
 // key_from query: the key stays in the query the upstream sees.
 func TestKeyFromQuery(t *testing.T) {
-	h := provision(t, storeConfigs[0].raw(t), func(h *Handler) { h.KeyFrom = &KeyFrom{Query: "idempotency_key"} })
+	h := provision(t, storeConfigs[0].raw(t), func(h *Handler) { h.KeyFrom = &app.KeyFrom{Query: "idempotency_key"} })
 	var seen string
 	b := &backend{serve: func(w http.ResponseWriter, r *http.Request) error {
 		seen = r.URL.RawQuery
@@ -77,10 +80,10 @@ func TestKeyFromQuery(t *testing.T) {
 }
 
 func TestKeyFromConfig(t *testing.T) {
-	for in, want := range map[string]Options{
+	for in, want := range map[string]app.Options{
 		"key_from header X-Key":          {KeyHeader: "X-Key"},
-		"key_from query idem":            {KeyFrom: &KeyFrom{Query: "idem"}},
-		"key_from json /idempotency_key": {KeyFrom: &KeyFrom{JSON: "/idempotency_key"}},
+		"key_from query idem":            {KeyFrom: &app.KeyFrom{Query: "idem"}},
+		"key_from json /idempotency_key": {KeyFrom: &app.KeyFrom{JSON: "/idempotency_key"}},
 	} {
 		var h Handler
 		if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser("idempotency {\n " + in + "\n}")); err != nil {
@@ -100,20 +103,20 @@ func TestKeyFromConfig(t *testing.T) {
 		}
 	}
 	for _, tc := range []struct {
-		opts Options
+		opts app.Options
 		want string
 	}{
-		{Options{KeyFrom: &KeyFrom{}}, "key_from: name one of query and json"},
-		{Options{KeyFrom: &KeyFrom{Query: "a", JSON: "/b"}}, "key_from: name one of query and json"},
-		{Options{KeyFrom: &KeyFrom{Query: "a"}, KeyHeader: "X-Key"}, "choose one"},
+		{app.Options{KeyFrom: &app.KeyFrom{}}, "key_from: name one of query and json"},
+		{app.Options{KeyFrom: &app.KeyFrom{Query: "a", JSON: "/b"}}, "key_from: name one of query and json"},
+		{app.Options{KeyFrom: &app.KeyFrom{Query: "a"}, KeyHeader: "X-Key"}, "choose one"},
 	} {
 		h := Handler{Options: tc.opts}
-		h.setDefaults()
+		h.SetDefaults()
 		if err := h.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%+v: Validate = %v, want %q", tc.opts, err, tc.want)
 		}
 	}
-	if _, err := newKeySource("", &KeyFrom{JSON: "idempotency_key"}); err == nil || !strings.Contains(err.Error(), "not a JSON pointer") {
+	if _, err := newKeySource("", &app.KeyFrom{JSON: "idempotency_key"}); err == nil || !strings.Contains(err.Error(), "not a JSON pointer") {
 		t.Errorf("a pointer without / = %v", err)
 	}
 }

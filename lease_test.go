@@ -11,6 +11,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/caddy-idempotency/caddy-idempotency/fingerprint"
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 	"github.com/caddy-idempotency/caddy-idempotency/store/storetest"
 )
@@ -100,7 +101,7 @@ func TestDeadOwnersClaimIsTakenOver(t *testing.T) {
 		// renews or completes it.
 		req := post("/orders", "k", "x")
 		key := store.NewKey("", "k")
-		dead := &store.Claim{Token: storetest.NewToken(), Endpoint: defaultEndpointOf(req.Method, req.Host, req.URL.Path), Fingerprint: h.payload.of(req, []byte("x")), CreatedAt: time.Now(), Lease: time.Second}
+		dead := &store.Claim{Token: storetest.NewToken(), Endpoint: fingerprint.Endpoint(fingerprint.DefaultEndpoint, req, nil), Fingerprint: h.payload.Of(req, []byte("x")), CreatedAt: time.Now(), Lease: time.Second}
 		if got, err := h.store.Acquire(context.Background(), key, dead); got.Record != nil || err != nil {
 			t.Fatalf("dead owner's claim: %v %v", got.Record, err)
 		}

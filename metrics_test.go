@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/caddy-idempotency/caddy-idempotency/fingerprint"
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 	"github.com/caddy-idempotency/caddy-idempotency/store/storetest"
 )
@@ -104,7 +105,7 @@ func TestDisableMetrics(t *testing.T) {
 func TestMetricsCountTakeovers(t *testing.T) {
 	h := provision(t, storeConfigs[0].raw(t), func(h *Handler) { h.LockTimeout = caddy.Duration(time.Second) })
 	req := post("/m", "dead", "x")
-	dead := &store.Claim{Token: storetest.NewToken(), Endpoint: defaultEndpointOf(req.Method, req.Host, req.URL.Path), CreatedAt: time.Now(), Lease: 50 * time.Millisecond}
+	dead := &store.Claim{Token: storetest.NewToken(), Endpoint: fingerprint.Endpoint(fingerprint.DefaultEndpoint, req, nil), CreatedAt: time.Now(), Lease: 50 * time.Millisecond}
 	if got, err := h.store.Acquire(context.Background(), store.NewKey("", "dead"), dead); got.Record != nil || err != nil {
 		t.Fatalf("dead owner's claim: %v %v", got.Record, err)
 	}

@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+
+	"github.com/caddy-idempotency/caddy-idempotency/app"
 )
 
 // min_key_length refuses keys too short to be unique (the IETF draft asks
@@ -28,8 +30,8 @@ func TestMinKeyLength(t *testing.T) {
 		t.Fatalf("parsed min_key_length %d, %v", parsed.MinKeyLength, err)
 	}
 	for _, n := range []int{-1, 256} {
-		o := Handler{Options: Options{MinKeyLength: n}}
-		o.setDefaults()
+		o := Handler{Options: app.Options{MinKeyLength: n}}
+		o.SetDefaults()
 		if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "min_key_length") {
 			t.Errorf("Validate of min_key_length %d = %v", n, err)
 		}

@@ -16,6 +16,10 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
+	_ "github.com/caddy-idempotency/caddy-idempotency/admin" // admin.api.idempotency and the caddy idempotency command
+	"github.com/caddy-idempotency/caddy-idempotency/app"
+	"github.com/caddy-idempotency/caddy-idempotency/fingerprint"
+	"github.com/caddy-idempotency/caddy-idempotency/sealing"
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 	_ "github.com/caddy-idempotency/caddy-idempotency/store/file"
 	_ "github.com/caddy-idempotency/caddy-idempotency/store/memory" // the default store
@@ -38,7 +42,7 @@ func init() {
 type Handler struct {
 	// Options are the directive's options, at the top level of the
 	// handler's JSON object.
-	Options
+	app.Options
 
 	// The store as the requests use it: sealed, observed.
 	store       store.Store
@@ -52,10 +56,10 @@ type Handler struct {
 	// forwardKeyField is the canonical form of ForwardKey; empty when off.
 	forwardKeyField string
 	scope           *scope
-	payload         payload
+	payload         fingerprint.Payload
 	problems        problems
-	metrics         *metrics // nil when disabled
-	keys            *keyring // nil without encryption_keys
+	metrics         *metrics         // nil when disabled
+	keys            *sealing.Keyring // nil without encryption_keys
 	leases          *leases
 }
 
@@ -74,27 +78,27 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 }
 
 // UnmarshalCaddyfile sets up the handler from the idempotency directive
-// (Options.unmarshalCaddyfile gives its syntax).
+// (app.Options.UnmarshalCaddyfile gives its syntax).
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	return h.Options.unmarshalCaddyfile(d)
+	return h.Options.UnmarshalCaddyfile(d)
 }
 
 // Provision takes the idempotency app's defaults, sets the rest, compiles
 // what the options need and loads the store.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
-	app, err := configuredApp(ctx)
+	global, err := app.Configured(ctx)
 	if err != nil {
 		return fmt.Errorf("reading the idempotency defaults: %w", err)
 	}
 	var s store.Registration
-	if app != nil {
-		h.inherit(&app.Options)
+	if global != nil {
+		h.Inherit(&global.Options)
 		if h.StoreRaw == nil {
-			s = app.shared
+			s = global.Shared()
 		}
 	}
-	h.setDefaults()
+	h.SetDefaults()
 	h.lease, h.ttl = time.Duration(h.LockTimeout), time.Duration(h.TTL)
 	if h.key, err = newKeySource(textproto.CanonicalMIMEHeaderKey(h.KeyHeader), h.KeyFrom); err != nil {
 		return err
@@ -109,14 +113,14 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.scope = newScope(h.Scope, h.RequireScope, h.logger)
 	h.problems = newProblems(h.ProblemBase, &h.key, h.MinKeyLength, h.MaxRequestBody)
 	h.problems[problemMissingScope].challenge = []string{h.ScopeChallenge}
-	if h.payload, err = newPayload(h.Fingerprint, h.FingerprintIgnore, h.FingerprintOnly, h.FingerprintHeaders); err != nil {
+	if h.payload, err = fingerprint.NewPayload(h.Fingerprint, h.FingerprintIgnore, h.FingerprintOnly, h.FingerprintHeaders); err != nil {
 		return err
 	}
-	if h.keys, err = newKeyring(h.EncryptionKeys); err != nil {
+	if h.keys, err = sealing.NewKeyring(h.EncryptionKeys); err != nil {
 		return err
 	}
 	if h.keys != nil {
-		h.logger.Info("sealing stored responses", zap.Strings("key_ids", h.keys.ids()))
+		h.logger.Info("sealing stored responses", zap.Strings("key_ids", h.keys.IDs()))
 	}
 	if !h.DisableMetrics {
 		if h.metrics, err = newMetrics(ctx.GetMetricsRegistry()); err != nil {
@@ -129,7 +133,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			h.StoreRaw = json.RawMessage(`{"module":"memory"}`)
 			h.logger.Warn("no store configured: using the memory store, which is not shared across instances and forgets every key when Caddy stops; configure 'store redis' to run several instances")
 		}
-		if s, err = loadStore(ctx, h, "idempotency store"); err != nil {
+		if s, err = app.LoadStore(ctx, h, "idempotency store"); err != nil {
 			return err
 		}
 	}
@@ -145,13 +149,13 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	// Sealing is innermost, with or without keys, so that a sealed record
 	// is never replayed as it is stored; the observer times and traces
 	// the store calls.
-	h.store = observe(sealStore(s.Store, h.keys, h.AcceptUnsealed), s, !h.DisableMetrics)
+	h.store = observe(&sealing.Store{Store: s.Store, Keys: h.keys, AcceptUnsealed: h.AcceptUnsealed}, s, !h.DisableMetrics)
 	h.leases = newLeases(h.store, h.lease, h.metrics, h.logger)
 	return nil
 }
 
 // Validate checks the configuration without I/O.
-func (h *Handler) Validate() error { return h.check() }
+func (h *Handler) Validate() error { return h.Check() }
 
 // Interface guards
 var (

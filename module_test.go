@@ -9,7 +9,9 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	caddycmd "github.com/caddyserver/caddy/v2/cmd"
 
+	"github.com/caddy-idempotency/caddy-idempotency/app"
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
@@ -48,8 +50,8 @@ func TestStoreModuleMustBeAStore(t *testing.T) {
 		mod  caddy.Provisioner
 		want string
 	}{
-		{"handler", &Handler{Options: Options{StoreRaw: raw}}, "module *idempotency.notAStore is not an idempotency store"},
-		{"app", &App{Options: Options{StoreRaw: raw}}, "module *idempotency.notAStore is not an idempotency store"},
+		{"handler", &Handler{Options: app.Options{StoreRaw: raw}}, "module *idempotency.notAStore is not an idempotency store"},
+		{"app", &app.App{Options: app.Options{StoreRaw: raw}}, "module *idempotency.notAStore is not an idempotency store"},
 	} {
 		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 		if err := tc.mod.Provision(ctx); err == nil || err.Error() != tc.want {
@@ -106,4 +108,21 @@ func validateCaddyfile(t *testing.T, in string) error {
 		t.Fatal(err)
 	}
 	return caddy.Validate(&cfg)
+}
+
+// Importing the handler's package, as xcaddy does, registers every module
+// of the plugin and its command: `caddy list-modules` lists them all.
+func TestEveryModuleRegistered(t *testing.T) {
+	for _, id := range []string{
+		"http.handlers.idempotency", "idempotency", "admin.api.idempotency",
+		"http.idempotency.stores.memory", "http.idempotency.stores.redis",
+		"http.idempotency.stores.file", "http.idempotency.stores.postgres",
+	} {
+		if _, err := caddy.GetModule(id); err != nil {
+			t.Errorf("module %s: %v", id, err)
+		}
+	}
+	if _, ok := caddycmd.Commands()["idempotency"]; !ok {
+		t.Error("the idempotency command is not registered")
+	}
 }

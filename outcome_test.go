@@ -16,6 +16,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+
+	"github.com/caddy-idempotency/caddy-idempotency/app"
 )
 
 // The failures here happen between Caddy's own reverse_proxy, provisioned
@@ -130,7 +132,7 @@ func TestUnknownOutcome(t *testing.T) {
 			{"connection closed after the request", hangUp, "", http.StatusBadGateway},
 			{"response_header_timeout", stall, `"response_header_timeout":"200ms"`, http.StatusGatewayTimeout},
 		} {
-			for _, opt := range []string{unknownRelease, unknownKeep} {
+			for _, opt := range []string{app.UnknownRelease, app.UnknownKeep} {
 				t.Run(tc.name+"/"+opt, func(t *testing.T) {
 					h := provision(t, raw, func(h *Handler) { h.OnUnknownOutcome = opt })
 					o := startOrigin(t, tc.answer)
@@ -143,7 +145,7 @@ func TestUnknownOutcome(t *testing.T) {
 						t.Fatalf("first request's result %q, want new", got)
 					}
 					retry := serve(h, next, post("/pay", key, `{"amount":100}`), nil)
-					if opt == unknownRelease {
+					if opt == app.UnknownRelease {
 						wantHandlerError(t, retry, tc.status)
 						if n := o.runs.Load(); n != 2 {
 							t.Fatalf("upstream got %d requests, want 2: release lets the retry run", n)
@@ -169,7 +171,7 @@ func TestUnknownOutcome(t *testing.T) {
 // retry runs, and the upstream runs once.
 func TestNeverReachedIsReleased(t *testing.T) {
 	eachStore(t, func(t *testing.T, raw json.RawMessage) {
-		h := provision(t, raw, func(h *Handler) { h.OnUnknownOutcome = unknownKeep })
+		h := provision(t, raw, func(h *Handler) { h.OnUnknownOutcome = app.UnknownKeep })
 
 		t.Run("closed port, open at the retry", func(t *testing.T) {
 			l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -245,7 +247,7 @@ func TestNeverReachedIsReleased(t *testing.T) {
 func TestWorkCancelledAfterClientLeftIsUnknown(t *testing.T) {
 	eachStore(t, func(t *testing.T, raw json.RawMessage) {
 		h := provision(t, raw, func(h *Handler) {
-			h.OnUnknownOutcome = unknownKeep
+			h.OnUnknownOutcome = app.UnknownKeep
 			h.LockTimeout = caddy.Duration(time.Second)
 		})
 		o := startOrigin(t, stall)

@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+
+	"github.com/caddy-idempotency/caddy-idempotency/app"
 )
 
 // problem_base points the problems' type at an API team's own error docs;
@@ -31,8 +33,8 @@ func TestProblemBase(t *testing.T) {
 		t.Fatalf("parsed problem_base %q, %v", parsed.ProblemBase, err)
 	}
 	for _, bad := range []string{"/relative", "https://x.example/a#frag", "not a uri"} {
-		o := Handler{Options: Options{ProblemBase: bad}}
-		o.setDefaults()
+		o := Handler{Options: app.Options{ProblemBase: bad}}
+		o.SetDefaults()
 		if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "problem_base") {
 			t.Errorf("Validate of problem_base %q = %v", bad, err)
 		}

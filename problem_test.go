@@ -7,13 +7,15 @@ import (
 	"testing"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/caddy-idempotency/caddy-idempotency/app"
 )
 
 // Every problem the handler can answer, written as problem+json or handed
 // to handle_errors, tells caches not to keep it: a refusal must not be
 // served again to the retry that the problem itself asks for.
 func TestProblemsAreNotStored(t *testing.T) {
-	ps := newProblems(defaultProblemBase, &keySource{header: "Idempotency-Key", where: "the Idempotency-Key request header", what: "The Idempotency-Key header"}, 1, 1<<20)
+	ps := newProblems(app.DefaultProblemBase, &keySource{header: "Idempotency-Key", where: "the Idempotency-Key request header", what: "The Idempotency-Key header"}, 1, 1<<20)
 	errorRoutes := &caddyhttp.Server{Errors: &caddyhttp.HTTPErrorConfig{Routes: caddyhttp.RouteList{{}}}}
 	for kind, p := range ps {
 		// Every kind, so that a problem added later is covered too.

@@ -20,16 +20,16 @@ type recorder struct {
 	http.ResponseWriter
 	limit int64
 
-	status      int
-	outer       http.Header // the header map as the handlers before this one left it
-	header      http.Header // what the handlers after this one set, without per-caller fields
-	declared    []string    // the Trailer header's values: names set after the body
-	buf         bytes.Buffer
-	size        int64
-	overflow    bool // the body outgrew limit; buf was emptied
-	clientGone  bool
-	wroteHeader bool
-	marks       *Handler // sets a first answer's own headers; nil when none
+	status       int
+	outer        http.Header // the header map as the handlers before this one left it
+	header       http.Header // what the handlers after this one set, without per-caller fields
+	declared     []string    // the Trailer header's values: names set after the body
+	buf          bytes.Buffer
+	size         int64
+	overflow     bool // the body outgrew limit; buf was emptied
+	clientGone   bool
+	wroteHeader  bool
+	firstHeaders *Handler // sets a first answer's own headers; nil when none
 }
 
 // newRecorder wraps w, noting the header the handlers before this one set
@@ -56,8 +56,8 @@ func (rec *recorder) WriteHeader(status int) {
 	h := rec.ResponseWriter.Header()
 	rec.header = exchangeHeader(h, rec.outer)
 	rec.declared = h["Trailer"]
-	if rec.marks != nil {
-		rec.marks.markFirst(h, status)
+	if rec.firstHeaders != nil {
+		rec.firstHeaders.setFirstHeaders(h, status)
 	}
 	rec.ResponseWriter.WriteHeader(status)
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/caddy-idempotency/caddy-idempotency/app"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/faultproxy"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/testredis"
 )
@@ -19,7 +20,7 @@ func TestStoreOutage(t *testing.T) {
 	raw := json.RawMessage(`{"module":"redis","addresses":["` + srv.Addr() + `"]}`)
 	closed := provision(t, raw, nil)
 	closedLogs := watchLogs(closed)
-	open := provision(t, raw, func(h *Handler) { h.OnStoreError = failOpen })
+	open := provision(t, raw, func(h *Handler) { h.OnStoreError = app.FailOpen })
 	openLogs := watchLogs(open)
 	b := &backend{}
 	secretKey, secretBody := "secret-key-1234", `{"card":"4242424242424242"}`

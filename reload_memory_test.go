@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/caddyserver/caddy/v2"
+
+	"github.com/caddy-idempotency/caddy-idempotency/app"
 )
 
 // A reload that changes the memory store's block (its limits) keeps the
@@ -19,7 +21,7 @@ func TestReloadChangingMemoryStoreKeepsItsKeys(t *testing.T) {
 	}
 	oldConfig, cleanUpOld := caddy.NewContext(caddy.Context{Context: context.Background()})
 	t.Cleanup(cleanUpOld)
-	old := &Handler{Options: Options{StoreRaw: raw("")}}
+	old := &Handler{Options: app.Options{StoreRaw: raw("")}}
 	if err := old.Provision(oldConfig); err != nil {
 		t.Fatal(err)
 	}

@@ -61,7 +61,7 @@ func (a *attempt) replay(rec *store.Record) error {
 	hdr := a.w.Header()
 	trailers := replayHeader(hdr, rec.Header, decoded)
 	hdr[a.h.ReplayHeader] = trueValue
-	a.h.markReplay(hdr, rec.ExpiresAt)
+	a.h.setReplayHeaders(hdr, rec.ExpiresAt)
 	switch {
 	case bodyless:
 		// 1xx, 204 and 304: no body, so neither a length nor trailers

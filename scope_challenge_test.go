@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+
+	"github.com/caddy-idempotency/caddy-idempotency/app"
 )
 
 // RFC 9110 requires a challenge in every 401: require_scope's names the
@@ -33,8 +35,8 @@ func TestRequireScopeSendsAChallenge(t *testing.T) {
 	if !h.RequireScope || h.ScopeChallenge != `Basic realm="payments"` {
 		t.Fatalf("parsed require_scope %v, challenge %q", h.RequireScope, h.ScopeChallenge)
 	}
-	bad := Handler{Options: Options{ScopeChallenge: "Basic\r\nX: y"}}
-	bad.setDefaults()
+	bad := Handler{Options: app.Options{ScopeChallenge: "Basic\r\nX: y"}}
+	bad.SetDefaults()
 	if err := bad.Validate(); err == nil || !strings.Contains(err.Error(), "require_scope") {
 		t.Errorf("Validate of a challenge with a line break = %v", err)
 	}

@@ -13,6 +13,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddytest"
+
+	"github.com/caddy-idempotency/caddy-idempotency/app"
 )
 
 // Behind forward_auth, {http.auth.user.id} is empty: only caddyauth
@@ -133,8 +135,8 @@ func TestEmptyScopeIsLoggedOnce(t *testing.T) {
 		t.Fatalf("%d log entries about the empty scope, want 1: %v", n, logs.All())
 	}
 	entry := logs.FilterMessageSnippet("scope").All()[0]
-	if entry.ContextMap()["scope"] != defaultScope {
-		t.Fatalf("the entry names scope %v, want the template %s", entry.ContextMap()["scope"], defaultScope)
+	if entry.ContextMap()["scope"] != app.DefaultScope {
+		t.Fatalf("the entry names scope %v, want the template %s", entry.ContextMap()["scope"], app.DefaultScope)
 	}
 }
 
@@ -181,8 +183,8 @@ func TestScopeOptionsConfig(t *testing.T) {
 	}
 	// The value is checked once, by Validate, whichever way it came.
 	for _, name := range []string{"X Y", "X:Y"} {
-		bad := Handler{Options: Options{ForwardKey: name}}
-		bad.setDefaults()
+		bad := Handler{Options: app.Options{ForwardKey: name}}
+		bad.SetDefaults()
 		if err := bad.Validate(); err == nil || !strings.Contains(err.Error(), "forward_key") {
 			t.Errorf("Validate of forward_key %q = %v", bad.ForwardKey, err)
 		}
@@ -199,7 +201,7 @@ func TestScopeOptionsConfig(t *testing.T) {
 		forwardKey string
 	}{
 		{Handler{}, "X-Upstream-Key"},
-		{Handler{Options: Options{ForwardKey: "X-Other"}}, "X-Other"},
+		{Handler{Options: app.Options{ForwardKey: "X-Other"}}, "X-Other"},
 	} {
 		ctx, cancel := caddy.NewContext(base)
 		h := tc.own

@@ -20,7 +20,9 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/caddy-idempotency/caddy-idempotency/app"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/testredis"
+	"github.com/caddy-idempotency/caddy-idempotency/sealing"
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
@@ -236,7 +238,7 @@ func TestSealingKeyRotation(t *testing.T) {
 		if got := testutil.ToFloat64(collectors.unreadable.WithLabelValues("unknown_key")) - before; got != 1 {
 			t.Fatalf("unreadable_records_total{reason=unknown_key} grew by %v, want 1", got)
 		}
-		wantUnreadableLog(t, logs, "unknown_key", old.keys.ids()[0])
+		wantUnreadableLog(t, logs, "unknown_key", old.keys.IDs()[0])
 
 		// A handler without any key refuses sealed records too: it never
 		// replays ciphertext.
@@ -284,64 +286,8 @@ func TestSealedRecordTampered(t *testing.T) {
 			if got := testutil.ToFloat64(collectors.unreadable.WithLabelValues("authentication")) - before; got != 1 {
 				t.Fatalf("unreadable_records_total{reason=authentication} grew by %v, want 1", got)
 			}
-			wantUnreadableLog(t, logs, "authentication", h.keys.ids()[0])
+			wantUnreadableLog(t, logs, "authentication", h.keys.IDs()[0])
 		})
-	}
-}
-
-// The key hash and the record's clear fields are associated data: a
-// sealed response does not open under another key, nor with another
-// status, state, flag, endpoint or fingerprint.
-func TestSealBindsKeyAndClearFields(t *testing.T) {
-	ring, err := newKeyring([]string{sealKeyA})
-	if err != nil {
-		t.Fatal(err)
-	}
-	k1, k2 := store.NewKey("", "one"), store.NewKey("", "two")
-	c := &store.Claim{Endpoint: "POST api.example.com/orders", Fingerprint: store.Fingerprint{1}}
-	resp := &store.Response{Status: 201, Header: http.Header{"X-A": {"1"}}, Body: []byte("body")}
-	sealed, err := ring.seal(k1, c, resp)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec := &store.Record{State: store.Completed, Endpoint: c.Endpoint, Fingerprint: c.Fingerprint, Response: *sealed}
-	if !rec.Sealed || len(rec.Header) != 0 || bytes.Contains(rec.Body, []byte("body")) {
-		t.Fatalf("sealed response %+v", sealed)
-	}
-	if got := bodySize(rec); got != 4 {
-		t.Fatalf("sealed record's body size %d, want 4, the response's", got)
-	}
-	opened, err := ring.open(k1, rec)
-	if err != nil || string(opened.Body) != "body" || opened.Header.Get("X-A") != "1" || opened.Sealed {
-		t.Fatalf("open: %v %v", opened, err)
-	}
-	if _, err := ring.open(k2, rec); err == nil || err.(*unreadableRecord).reason != "authentication" {
-		t.Fatalf("opened under another key: %v", err)
-	}
-	for name, change := range map[string]func(*store.Record){
-		"status":          func(r *store.Record) { r.Status = 200 },
-		"state":           func(r *store.Record) { r.State = store.InProgress },
-		"truncated":       func(r *store.Record) { r.Truncated = true },
-		"outcome_unknown": func(r *store.Record) { r.OutcomeUnknown = true },
-		"endpoint":        func(r *store.Record) { r.Endpoint = "POST api.example.com/refunds" },
-		"fingerprint":     func(r *store.Record) { r.Fingerprint[0] = 2 },
-	} {
-		other := *rec
-		change(&other)
-		if _, err := ring.open(k1, &other); err == nil || err.(*unreadableRecord).reason != "authentication" {
-			t.Errorf("opened with another %s: %v", name, err)
-		}
-	}
-	resized := *rec
-	resized.Body = bytes.Clone(rec.Body)
-	resized.Body[1+keyIDLen] = 5 // the stated size, in the envelope's head
-	if _, err := ring.open(k1, &resized); err == nil {
-		t.Fatal("opened with another stated size")
-	}
-	again, _ := ring.seal(k1, c, resp)
-	nonce := 1 + keyIDLen + 1
-	if bytes.Equal(again.Body[nonce:nonce+12], sealed.Body[nonce:nonce+12]) {
-		t.Fatal("two seals share a nonce")
 	}
 }
 
@@ -353,13 +299,13 @@ func TestEncryptionKeysConfig(t *testing.T) {
 	if err := os.WriteFile(secret, []byte(sealKeyB+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	ring, err := newKeyring([]string{"{env.IDEMPOTENCY_TEST_KEY}", "{file." + secret + "}"})
+	ring, err := sealing.NewKeyring([]string{"{env.IDEMPOTENCY_TEST_KEY}", "{file." + secret + "}"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	direct, _ := newKeyring([]string{sealKeyA, sealKeyB})
-	if fmt.Sprint(ring.ids()) != fmt.Sprint(direct.ids()) {
-		t.Fatalf("placeholder keys %v, want %v", ring.ids(), direct.ids())
+	direct, _ := sealing.NewKeyring([]string{sealKeyA, sealKeyB})
+	if fmt.Sprint(ring.IDs()) != fmt.Sprint(direct.IDs()) {
+		t.Fatalf("placeholder keys %v, want %v", ring.IDs(), direct.IDs())
 	}
 
 	short := base64.StdEncoding.EncodeToString([]byte("sixteen byte key"))
@@ -372,7 +318,7 @@ func TestEncryptionKeysConfig(t *testing.T) {
 		{[]string{short}, "key 1 decodes to 16 bytes, want 32"},
 		{[]string{sealKeyA, sealKeyA}, "key 2 repeats key 1"},
 	} {
-		h := &Handler{Options: Options{StoreRaw: storeConfigs[0].raw(t), EncryptionKeys: tc.keys}}
+		h := &Handler{Options: app.Options{StoreRaw: storeConfigs[0].raw(t), EncryptionKeys: tc.keys}}
 		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 		err := h.Provision(ctx)
 		cancel()
@@ -429,22 +375,22 @@ func TestEncryptionKeysCaddyfileAndInheritance(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	app, _ := newKeyring([]string{sealKeyB, sealKeyA})
-	own, _ := newKeyring([]string{sealKeyA})
+	global, _ := sealing.NewKeyring([]string{sealKeyB, sealKeyA})
+	own, _ := sealing.NewKeyring([]string{sealKeyA})
 	for _, tc := range []struct {
 		keys []string
 		want []string
 	}{
-		{nil, app.ids()},
-		{[]string{sealKeyA}, own.ids()},
+		{nil, global.IDs()},
+		{[]string{sealKeyA}, own.IDs()},
 	} {
 		ctx, cancel := caddy.NewContext(base)
-		h := Handler{Options: Options{EncryptionKeys: tc.keys, StoreRaw: storeConfigs[0].raw(t)}}
+		h := Handler{Options: app.Options{EncryptionKeys: tc.keys, StoreRaw: storeConfigs[0].raw(t)}}
 		if err := h.Provision(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if fmt.Sprint(h.keys.ids()) != fmt.Sprint(tc.want) {
-			t.Errorf("route with keys %d: key ids %v, want %v", len(tc.keys), h.keys.ids(), tc.want)
+		if fmt.Sprint(h.keys.IDs()) != fmt.Sprint(tc.want) {
+			t.Errorf("route with keys %d: key ids %v, want %v", len(tc.keys), h.keys.IDs(), tc.want)
 		}
 		cancel()
 	}

@@ -13,6 +13,9 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/caddy-idempotency/caddy-idempotency/app"
+	"github.com/caddy-idempotency/caddy-idempotency/fingerprint"
+	"github.com/caddy-idempotency/caddy-idempotency/sealing"
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
@@ -20,19 +23,19 @@ const unreadableTitle = "The stored response for this Idempotency-Key cannot be 
 
 // rawStoreOf is the store under h's wrappers: what anyone who can write
 // to the store writes to.
-func rawStoreOf(h *Handler) store.Store { return h.store.(*observed).Store.(*sealing).Store }
+func rawStoreOf(h *Handler) store.Store { return h.store.(*observed).Store.(*sealing.Store).Store }
 
 // bindingOf is the endpoint and fingerprint that h gives req.
 func bindingOf(h *Handler, req *http.Request, body string) (string, store.Fingerprint) {
 	_, repl := withReplacer(req)
-	return endpointOf(h.Endpoint, req, repl), h.payload.of(req, []byte(body))
+	return fingerprint.Endpoint(h.Endpoint, req, repl), h.payload.Of(req, []byte(body))
 }
 
 // plant writes a completed record with resp, bound to endpoint and fp,
 // straight into s, as a writer behind the handler's back would.
 func plant(t *testing.T, s store.Store, k store.Key, endpoint string, fp store.Fingerprint, resp store.Response) {
 	t.Helper()
-	c := &store.Claim{Token: newToken(), Endpoint: endpoint, Fingerprint: fp, CreatedAt: time.Now(), Lease: time.Minute}
+	c := &store.Claim{Token: store.NewToken(), Endpoint: endpoint, Fingerprint: fp, CreatedAt: time.Now(), Lease: time.Minute}
 	got, err := s.Acquire(context.Background(), k, c)
 	if err != nil || got.Record != nil {
 		t.Fatalf("claiming the key to plant: %v, %+v", err, got.Record)
@@ -45,7 +48,7 @@ func plant(t *testing.T, s store.Store, k store.Key, endpoint string, fp store.F
 // storedRecord reads k's live record from s as it is stored.
 func storedRecord(t *testing.T, s store.Store, k store.Key) *store.Record {
 	t.Helper()
-	got, err := s.Acquire(context.Background(), k, &store.Claim{Token: newToken(), Lease: time.Minute})
+	got, err := s.Acquire(context.Background(), k, &store.Claim{Token: store.NewToken(), Lease: time.Minute})
 	if err != nil || got.Record == nil {
 		t.Fatalf("reading the stored record: %v, %+v", err, got.Record)
 	}
@@ -225,7 +228,7 @@ func TestAcceptUnsealedConfig(t *testing.T) {
 	}
 
 	// without keys: refused at Validate, the handler's and the app's
-	h := Handler{Options: Options{AcceptUnsealed: true, StoreRaw: storeConfigs[0].raw(t)}}
+	h := Handler{Options: app.Options{AcceptUnsealed: true, StoreRaw: storeConfigs[0].raw(t)}}
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 	if err := h.Provision(ctx); err != nil {
 		t.Fatal(err)
@@ -247,7 +250,7 @@ func TestAcceptUnsealedConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, own := range []Options{{}, {EncryptionKeys: []string{sealKeyB}}} {
+	for _, own := range []app.Options{{}, {EncryptionKeys: []string{sealKeyB}}} {
 		ctx, cancel := caddy.NewContext(base)
 		own.StoreRaw = storeConfigs[0].raw(t)
 		h := Handler{Options: own}
@@ -257,7 +260,7 @@ func TestAcceptUnsealedConfig(t *testing.T) {
 		if err := h.Validate(); err != nil {
 			t.Fatal(err)
 		}
-		if !h.AcceptUnsealed || !h.store.(*observed).Store.(*sealing).acceptUnsealed {
+		if !h.AcceptUnsealed || !h.store.(*observed).Store.(*sealing.Store).AcceptUnsealed {
 			t.Errorf("route with %d keys of its own did not inherit accept_unsealed", len(own.EncryptionKeys))
 		}
 		cancel()

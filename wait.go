@@ -60,7 +60,7 @@ func (a *attempt) wait() error {
 		case rec == nil:
 			endWait(span, "owner_released")
 			return a.run()
-		case rec.State != store.InProgress || !boundTo(rec, &a.claim):
+		case rec.State != store.InProgress || !rec.BoundTo(&a.claim):
 			endWait(span, "owner_finished")
 			return a.replay(rec)
 		}

@@ -12,13 +12,15 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/caddy-idempotency/caddy-idempotency/app"
+	"github.com/caddy-idempotency/caddy-idempotency/fingerprint"
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 	"github.com/caddy-idempotency/caddy-idempotency/store/storetest"
 )
 
 func waiting(max time.Duration) func(*Handler) {
 	return func(h *Handler) {
-		h.OnConflict = conflictWait
+		h.OnConflict = app.ConflictWait
 		h.MaxWait = caddy.Duration(max)
 	}
 }
@@ -87,7 +89,7 @@ func TestWaitNoticesAnOwnerElsewhere(t *testing.T) {
 		b := &backend{}
 		req := post("/orders", "remote", "x")
 		key := store.NewKey("", "remote")
-		remote := &store.Claim{Token: storetest.NewToken(), Endpoint: defaultEndpointOf(req.Method, req.Host, req.URL.Path), Fingerprint: h.payload.of(req, []byte("x")), CreatedAt: time.Now(), Lease: time.Minute}
+		remote := &store.Claim{Token: storetest.NewToken(), Endpoint: fingerprint.Endpoint(fingerprint.DefaultEndpoint, req, nil), Fingerprint: h.payload.Of(req, []byte("x")), CreatedAt: time.Now(), Lease: time.Minute}
 		if got, err := h.store.Acquire(context.Background(), key, remote); got.Record != nil || err != nil {
 			t.Fatalf("remote claim: %v %v", got.Record, err)
 		}

@@ -83,7 +83,7 @@ func (p *pendingWithdrawals) add(w *withdrawal, m *metrics) {
 		m.retrySkipped()
 		return
 	}
-	w.holds.Take(0)    // the store stays open while the claim's requests may use it
+	w.holds.Add(0)     // the store stays open while the claim's requests may use it
 	w.due = time.Now() // first tried at the loop's next tick
 	p.byKey[w.key] = append(p.byKey[w.key], w)
 	p.n.Add(1)
@@ -164,7 +164,7 @@ func (p *pendingWithdrawals) tryHeld(ctx context.Context, w *withdrawal) {
 			p.byKey[w.key] = ws
 		}
 		p.n.Add(-1)
-		w.holds.Give()
+		w.holds.Done()
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/caddy-idempotency/caddy-idempotency/app"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/faultproxy"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/testredis"
 )
@@ -24,7 +25,7 @@ func TestClaimOfA503NeverBecomesUnknown(t *testing.T) {
 	proxy := faultproxy.Start(t, srv.Addr())
 	keep := func(h *Handler) {
 		h.LockTimeout = caddy.Duration(time.Second)
-		h.OnUnknownOutcome = unknownKeep
+		h.OnUnknownOutcome = app.UnknownKeep
 	}
 	h := provision(t, json.RawMessage(`{"module":"redis","addresses":["`+proxy.Addr()+`"]}`), keep)
 	other := provision(t, json.RawMessage(`{"module":"redis","addresses":["`+srv.Addr()+`"]}`), keep)

@@ -31,7 +31,7 @@ var detachLinger = time.Second
 type Holds struct {
 	n     atomic.Int64
 	lease atomic.Int64 // the longest lease of any hold taken, in ns
-	// detached is set by Detach; then the last Give runs release.
+	// detached is set by Detach; then the last Done runs release.
 	detached atomic.Bool
 	// closed is set once the last user gave the backend back: it is closed.
 	closed atomic.Bool
@@ -49,8 +49,8 @@ func HoldsOf(s Store) *Holds {
 	return e.holds
 }
 
-// Take notes a user of the store whose claim holds for lease.
-func (h *Holds) Take(lease time.Duration) {
+// Add notes a user of the store whose claim holds for lease.
+func (h *Holds) Add(lease time.Duration) {
 	if h == nil {
 		return
 	}
@@ -63,8 +63,8 @@ func (h *Holds) Take(lease time.Duration) {
 	}
 }
 
-// Give undoes one Take; the last one after Detach gives the backend back.
-func (h *Holds) Give() {
+// Done undoes one Add; the last one after Detach gives the backend back.
+func (h *Holds) Done() {
 	if h == nil {
 		return
 	}
@@ -87,7 +87,7 @@ func (h *Holds) later(release func(), replaced bool) bool {
 	h.detached.Store(true)
 	if replaced {
 		h.n.Add(1)
-		time.AfterFunc(detachLinger, h.Give)
+		time.AfterFunc(detachLinger, h.Done)
 	} else if h.n.Load() == 0 {
 		return false
 	}
@@ -117,7 +117,7 @@ func (h *Holds) expire() {
 func (h *Holds) Closed() bool { return h != nil && h.closed.Load() }
 
 // runLocked runs the release once, outside h.mu, which it unlocks, in a
-// goroutine of its own: the last Give is a request's, which must not wait
+// goroutine of its own: the last Done is a request's, which must not wait
 // for a pool to close its connections.
 func (h *Holds) runLocked() {
 	release := h.release

@@ -79,8 +79,8 @@ func TestDetachWaitsForHolds(t *testing.T) {
 	if holds == nil {
 		t.Fatal("a registered store has no holds")
 	}
-	holds.Take(time.Minute) // a request
-	holds.Take(time.Minute) // and the background retry it started
+	holds.Add(time.Minute) // a request
+	holds.Add(time.Minute) // and the background retry it started
 
 	_, newBackend := provisioned(t, pool, name, "new") // the new config
 	key := "old"
@@ -91,17 +91,17 @@ func TestDetachWaitsForHolds(t *testing.T) {
 		t.Fatal("the backend was closed by the Cleanup while requests hold the store")
 	}
 	wantReferences(t, pool, "old", 1)
-	holds.Give()
+	holds.Done()
 	if oldBackend.isClosed() {
 		t.Fatal("the backend was closed while a hold is left")
 	}
-	holds.Give()
+	holds.Done()
 	waitClosed(t, oldBackend, "the backend is still open after the last hold was given back")
 	if _, ok := pool.References("old"); ok {
 		t.Fatal("the old pool entry is still there after the last hold: leaked")
 	}
-	holds.Take(time.Minute) // a straggler: harmless
-	holds.Give()
+	holds.Add(time.Minute) // a straggler: harmless
+	holds.Done()
 	if newBackend.isClosed() {
 		t.Fatal("the new config's backend was closed")
 	}
@@ -114,8 +114,8 @@ func TestDetachWithoutHolds(t *testing.T) {
 	const name = "fake holds-none"
 	s, b := provisioned(t, pool, name, "k")
 	h := HoldsOf(s)
-	h.Take(time.Minute)
-	h.Give() // a request that ended before the Cleanup
+	h.Add(time.Minute)
+	h.Done() // a request that ended before the Cleanup
 	key := "k"
 	if err := Detach(s, name, pool, &key); err != nil {
 		t.Fatal(err)
@@ -143,12 +143,12 @@ func TestDetachReplacedLingers(t *testing.T) {
 	if err := Detach(s, name, pool, &key); err != nil {
 		t.Fatal(err)
 	}
-	h.Take(time.Minute) // the old config's straggler, just after the Cleanup
+	h.Add(time.Minute) // the old config's straggler, just after the Cleanup
 	time.Sleep(2 * detachLinger)
 	if b.isClosed() {
 		t.Fatal("the backend was closed under a request that took its hold within the linger")
 	}
-	h.Give()
+	h.Done()
 	waitClosed(t, b, "the backend is still open after the linger and the last hold")
 	if took := time.Since(start); took < detachLinger {
 		t.Fatalf("closed %v after the Cleanup, before the linger (%v)", took, detachLinger)
@@ -169,9 +169,9 @@ func TestDetachBound(t *testing.T) {
 	const name = "fake holds-bound"
 	s, b := provisioned(t, pool, name, "k")
 	h := HoldsOf(s)
-	h.Take(30 * time.Millisecond)
-	h.Take(80 * time.Millisecond) // the longest lease counts
-	h.Give()
+	h.Add(30 * time.Millisecond)
+	h.Add(80 * time.Millisecond) // the longest lease counts
+	h.Done()
 	key := "k"
 	start := time.Now()
 	if err := Detach(s, name, pool, &key); err != nil {
@@ -188,7 +188,7 @@ func TestDetachBound(t *testing.T) {
 	if _, ok := pool.References("k"); ok {
 		t.Fatal("the pool entry is still there")
 	}
-	h.Give() // the hung request ends at last: nothing more happens
+	h.Done() // the hung request ends at last: nothing more happens
 }
 
 // A reload back to the old options within the drain reuses the old
@@ -199,7 +199,7 @@ func TestDetachThenReloadBack(t *testing.T) {
 	const name = "fake holds-back"
 	old, b := provisioned(t, pool, name, "k")
 	h := HoldsOf(old)
-	h.Take(time.Minute)
+	h.Add(time.Minute)
 	key := "k"
 	if err := Detach(old, name, pool, &key); err != nil {
 		t.Fatal(err)
@@ -208,7 +208,7 @@ func TestDetachThenReloadBack(t *testing.T) {
 	if again != b {
 		t.Fatal("the config that asks for the old options again got a new backend")
 	}
-	h.Give()
+	h.Done()
 	time.Sleep(5 * detachLinger) // the linger passes too
 	if b.isClosed() {
 		t.Fatal("the backend the current config uses was closed")
@@ -219,8 +219,8 @@ func TestDetachThenReloadBack(t *testing.T) {
 // Take and Give are safe on a store that does not register.
 func TestHoldsNil(t *testing.T) {
 	h := HoldsOf(&fake{})
-	h.Take(time.Second)
-	h.Give()
+	h.Add(time.Second)
+	h.Done()
 	if h.later(func() { t.Fatal("ran") }, true) {
 		t.Fatal("nil holds deferred a release")
 	}
@@ -231,7 +231,7 @@ func TestHoldsNil(t *testing.T) {
 // network can hold for long).
 func TestLastGiveDoesNotWaitForTheClose(t *testing.T) {
 	h := new(Holds)
-	h.Take(time.Second)
+	h.Add(time.Second)
 	closing := make(chan struct{})
 	defer close(closing)
 	if !h.later(func() { <-closing }, false) {
@@ -239,7 +239,7 @@ func TestLastGiveDoesNotWaitForTheClose(t *testing.T) {
 	}
 	gave := make(chan struct{})
 	go func() {
-		h.Give()
+		h.Done()
 		close(gave)
 	}()
 	select {

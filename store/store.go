@@ -105,6 +105,12 @@ type Record struct {
 	ExpiresAt time.Time
 }
 
+// BoundTo reports whether r was made by a request to the same endpoint
+// with the same payload as c's: a retry of it, not another use of its key.
+func (r *Record) BoundTo(c *Claim) bool {
+	return r.Endpoint == c.Endpoint && r.Fingerprint == c.Fingerprint
+}
+
 // Claim is the request that asks for a key. A store never writes it.
 type Claim struct {
 	Token       Token

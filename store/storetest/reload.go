@@ -17,7 +17,7 @@ import (
 func CheckReplacedByReload(t *testing.T, old, replacement Module) {
 	t.Helper()
 	holds := store.HoldsOf(old)
-	holds.Take(time.Minute) // as the handler does before its first call
+	holds.Add(time.Minute) // as the handler does before its first call
 	k, c := NewKey(), newClaim(time.Minute)
 	if rec := mustAcquire(t, old, k, c); rec != nil {
 		t.Fatalf("Acquire of a new key returned %+v", rec)
@@ -36,7 +36,7 @@ func CheckReplacedByReload(t *testing.T, old, replacement Module) {
 	if err != nil || rec == nil || rec.State != store.Completed || string(rec.Body) != "made" {
 		t.Fatalf("the new config's Acquire of the key completed across the reload = %+v, %v; want its response", rec, err)
 	}
-	holds.Give()
+	holds.Done()
 	// The backend closes once the last hold is back and Detach's linger
 	// (a second) has passed.
 	deadline := time.Now().Add(5 * time.Second)

@@ -1,4 +1,4 @@
-package idempotency
+package app
 
 import (
 	"cmp"
@@ -6,32 +6,31 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
-	"reflect"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+
+	"github.com/caddy-idempotency/caddy-idempotency/fingerprint"
+	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
 // Defaults, as documented in the README.
 const (
 	defaultKeyHeader    = "Idempotency-Key"
-	defaultScope        = "{http.auth.user.id}"
+	DefaultScope        = "{http.auth.user.id}"
 	defaultTTL          = 24 * time.Hour
 	defaultLockTimeout  = 30 * time.Second
-	defaultProblemBase  = "https://github.com/caddy-idempotency/caddy-idempotency"
+	DefaultProblemBase  = "https://github.com/caddy-idempotency/caddy-idempotency"
 	defaultMaxBody      = 1 << 20
 	defaultReplayHeader = "Idempotent-Replayed"
-	failClosed          = "fail_closed"
-	failOpen            = "fail_open"
-	conflictReject      = "reject"
-	conflictWait        = "wait"
-	unknownRelease      = "release"
-	unknownKeep         = "keep"
-	fingerprintBody     = "body"
-	fingerprintJSON     = "json"
-	fingerprintNone     = "none"
+	FailClosed          = "fail_closed"
+	FailOpen            = "fail_open"
+	ConflictReject      = "reject"
+	ConflictWait        = "wait"
+	UnknownRelease      = "release"
+	UnknownKeep         = "keep"
 )
 
 var defaultMethods = []string{http.MethodPost, http.MethodPatch}
@@ -47,6 +46,20 @@ const maxDuration = 100 * 365 * 24 * time.Hour
 var defaultReleaseStatuses = []int{
 	http.StatusUnauthorized, http.StatusProxyAuthRequired, http.StatusRequestTimeout,
 	http.StatusTooEarly, http.StatusTooManyRequests,
+}
+
+// KeyFrom says where a request's key is read, when not from a header
+// (key_header): from a query parameter, which stays in the query the
+// upstream sees, or from a string member of a JSON body, named by an RFC
+// 6901 pointer, as Square's API sends idempotency_key and a webhook
+// receiver dedupes on an event's id. Exactly one is set.
+type KeyFrom struct {
+	// Query is the name of the query parameter that carries the key.
+	Query string `json:"query,omitempty"`
+	// JSON is the RFC 6901 pointer to the string member of the JSON body
+	// that carries the key. A body that is not JSON, or lacks the member,
+	// is a request without a key; a body over max_request_body gets 413.
+	JSON string `json:"json,omitempty"`
 }
 
 // Options configure a handler: they are the idempotency directive's
@@ -258,40 +271,40 @@ type Options struct {
 var defaults = Options{
 	KeyHeader:        defaultKeyHeader,
 	Methods:          defaultMethods,
-	Scope:            defaultScope,
+	Scope:            DefaultScope,
 	ScopeChallenge:   "Bearer",
-	ProblemBase:      defaultProblemBase,
+	ProblemBase:      DefaultProblemBase,
 	MinKeyLength:     1,
-	Endpoint:         defaultEndpoint,
-	Fingerprint:      fingerprintBody,
+	Endpoint:         fingerprint.DefaultEndpoint,
+	Fingerprint:      fingerprint.Body,
 	TTL:              caddy.Duration(defaultTTL),
 	LockTimeout:      caddy.Duration(defaultLockTimeout),
 	MaxRequestBody:   defaultMaxBody,
 	MaxResponseBody:  defaultMaxBody,
-	OnStoreError:     failClosed,
-	OnConflict:       conflictReject,
-	OnUnknownOutcome: unknownRelease,
+	OnStoreError:     FailClosed,
+	OnConflict:       ConflictReject,
+	OnUnknownOutcome: UnknownRelease,
 	ReleaseStatuses:  defaultReleaseStatuses,
 	ReplayHeader:     defaultReplayHeader,
 }
 
-// setDefaults fills every option left unset with its documented default.
-func (o *Options) setDefaults() {
-	o.inherit(&defaults)
+// SetDefaults fills every option left unset with its documented default.
+func (o *Options) SetDefaults() {
+	o.Inherit(&defaults)
 	for i, m := range o.Methods {
 		o.Methods[i] = strings.ToUpper(m)
 	}
-	if o.OnConflict == conflictReject {
+	if o.OnConflict == ConflictReject {
 		o.MaxWait = 0
 	}
 }
 
-// inherit fills the options that o leaves unset (zero) from d: the app's
-// defaults, or the documented ones. It walks the fields, so that an option
-// added to Options is inherited without a line here; only the options that
-// go together are taken together, and the store is not an option a route
-// inherits (it shares the app's instance instead).
-func (o *Options) inherit(d *Options) {
+// Inherit fills the options that o leaves unset (zero, or nil for a list)
+// from d: the app's defaults, or the documented ones. Each inherited option
+// is named here; the options that go together are taken together, and the
+// store is not an option a route inherits (it shares the app's instance
+// instead). A flag can only be turned on, by either.
+func (o *Options) Inherit(d *Options) {
 	if o.KeyFrom == nil && o.KeyHeader == "" {
 		o.KeyFrom, o.KeyHeader = d.KeyFrom, d.KeyHeader // not a route's header with the app's key_from
 	}
@@ -306,26 +319,54 @@ func (o *Options) inherit(d *Options) {
 		// does not take the defaults' pointers for another
 		o.FingerprintIgnore, o.FingerprintOnly = slices.Clone(d.FingerprintIgnore), slices.Clone(d.FingerprintOnly)
 	}
-	own, def := reflect.ValueOf(o).Elem(), reflect.ValueOf(d).Elem()
-	for i := range own.NumField() {
-		switch own.Type().Field(i).Name {
-		case "KeyFrom", "KeyHeader", "OnConflict", "MaxWait", "Fingerprint", "FingerprintIgnore", "FingerprintOnly", "StoreRaw":
-			continue
-		}
-		if v := own.Field(i); v.IsZero() && !def.Field(i).IsZero() {
-			v.Set(def.Field(i))
-			if v.Kind() == reflect.Slice { // a copy: setDefaults changes Methods in place
-				v.Set(reflect.AppendSlice(reflect.MakeSlice(v.Type(), 0, v.Len()), v))
-			}
-		}
+	inheritList(&o.Methods, d.Methods)
+	o.Required = o.Required || d.Required
+	inheritValue(&o.Scope, d.Scope)
+	o.RequireScope = o.RequireScope || d.RequireScope
+	inheritValue(&o.ScopeChallenge, d.ScopeChallenge)
+	inheritValue(&o.ProblemBase, d.ProblemBase)
+	o.ReplayHeaderAlways = o.ReplayHeaderAlways || d.ReplayHeaderAlways
+	inheritValue(&o.ExpiryHeader, d.ExpiryHeader)
+	inheritValue(&o.MinKeyLength, d.MinKeyLength)
+	inheritValue(&o.ForwardKey, d.ForwardKey)
+	inheritValue(&o.Endpoint, d.Endpoint)
+	inheritList(&o.FingerprintHeaders, d.FingerprintHeaders)
+	inheritValue(&o.TTL, d.TTL)
+	inheritValue(&o.LockTimeout, d.LockTimeout)
+	inheritValue(&o.MaxRequestBody, d.MaxRequestBody)
+	inheritValue(&o.MaxResponseBody, d.MaxResponseBody)
+	inheritValue(&o.OnStoreError, d.OnStoreError)
+	inheritValue(&o.OnUnknownOutcome, d.OnUnknownOutcome)
+	o.StoreServerErrors = o.StoreServerErrors || d.StoreServerErrors
+	inheritList(&o.ReleaseStatuses, d.ReleaseStatuses)
+	inheritValue(&o.ReplayHeader, d.ReplayHeader)
+	o.DisableMetrics = o.DisableMetrics || d.DisableMetrics
+	inheritList(&o.EncryptionKeys, d.EncryptionKeys)
+	o.AcceptUnsealed = o.AcceptUnsealed || d.AcceptUnsealed
+}
+
+// inheritValue sets an option left unset (zero) to its inherited value.
+func inheritValue[T comparable](own *T, inherited T) {
+	var unset T
+	if *own == unset {
+		*own = inherited
 	}
 }
 
-// check reports the first option that is set to a value it cannot take;
+// inheritList sets a list left out (nil) to a copy of its inherited value,
+// so that SetDefaults may change Methods in place. A list given empty is
+// kept, for Check to refuse.
+func inheritList[T any](own *[]T, inherited []T) {
+	if *own == nil {
+		*own = slices.Clone(inherited)
+	}
+}
+
+// Check reports the first option that is set to a value it cannot take;
 // an option left unset (zero) passes, as it will get its default. It does
 // no I/O and compiles nothing: the fingerprint_ignore pointers are
 // compiled by Provision.
-func (o *Options) check() error {
+func (o *Options) Check() error {
 	// One rule for every list: left out, it has its default; given, it
 	// holds at least one value. An empty list would otherwise say, without
 	// a word, "protect no method" or "release no status".
@@ -372,18 +413,18 @@ func (o *Options) check() error {
 		}
 	}
 	switch o.Fingerprint {
-	case "", fingerprintBody, fingerprintJSON, fingerprintNone:
+	case "", fingerprint.Body, fingerprint.JSON, fingerprint.None:
 	default:
 		return fmt.Errorf("fingerprint: want body, json or none, got %q", o.Fingerprint)
 	}
-	if len(o.FingerprintOnly) > 0 && o.Fingerprint != fingerprintJSON {
-		return fmt.Errorf("fingerprint_only applies only with fingerprint json, not %s", cmp.Or(o.Fingerprint, fingerprintBody))
+	if len(o.FingerprintOnly) > 0 && o.Fingerprint != fingerprint.JSON {
+		return fmt.Errorf("fingerprint_only applies only with fingerprint json, not %s", cmp.Or(o.Fingerprint, fingerprint.Body))
 	}
 	if len(o.FingerprintOnly) > 0 && len(o.FingerprintIgnore) > 0 {
 		return fmt.Errorf("fingerprint_only and fingerprint_ignore are two ways to say what counts: use one")
 	}
-	if len(o.FingerprintIgnore) > 0 && o.Fingerprint != fingerprintJSON {
-		return fmt.Errorf("fingerprint_ignore applies only with fingerprint json, not %s", cmp.Or(o.Fingerprint, fingerprintBody))
+	if len(o.FingerprintIgnore) > 0 && o.Fingerprint != fingerprint.JSON {
+		return fmt.Errorf("fingerprint_ignore applies only with fingerprint json, not %s", cmp.Or(o.Fingerprint, fingerprint.Body))
 	}
 	for _, name := range o.FingerprintHeaders {
 		if !validToken(name) {
@@ -403,23 +444,23 @@ func (o *Options) check() error {
 		return fmt.Errorf("ttl must be positive: %v", time.Duration(o.TTL))
 	case o.LockTimeout != 0 && o.LockTimeout < caddy.Duration(time.Second):
 		return fmt.Errorf("lock_timeout must be at least 1s: %v", time.Duration(o.LockTimeout))
-	case o.MinKeyLength < 0 || o.MinKeyLength > maxKeyLen:
-		return fmt.Errorf("min_key_length: want 1 to %d, got %d", maxKeyLen, o.MinKeyLength)
+	case o.MinKeyLength < 0 || o.MinKeyLength > store.MaxClientKeyLen:
+		return fmt.Errorf("min_key_length: want 1 to %d, got %d", store.MaxClientKeyLen, o.MinKeyLength)
 	case o.MaxRequestBody < 0:
 		return fmt.Errorf("max_request_body must be positive: %d", o.MaxRequestBody)
 	case o.MaxResponseBody < 0:
 		return fmt.Errorf("max_response_body must be positive: %d", o.MaxResponseBody)
 	}
-	if err := oneOf("on_store_error", o.OnStoreError, failClosed, failOpen); err != nil {
+	if err := oneOf("on_store_error", o.OnStoreError, FailClosed, FailOpen); err != nil {
 		return err
 	}
-	if err := oneOf("on_conflict", o.OnConflict, conflictReject, conflictWait); err != nil {
+	if err := oneOf("on_conflict", o.OnConflict, ConflictReject, ConflictWait); err != nil {
 		return err
 	}
-	if o.OnConflict == conflictWait && o.MaxWait <= 0 {
+	if o.OnConflict == ConflictWait && o.MaxWait <= 0 {
 		return fmt.Errorf("on_conflict wait needs a positive max_wait, got %v", time.Duration(o.MaxWait))
 	}
-	if err := oneOf("on_unknown_outcome", o.OnUnknownOutcome, unknownRelease, unknownKeep); err != nil {
+	if err := oneOf("on_unknown_outcome", o.OnUnknownOutcome, UnknownRelease, UnknownKeep); err != nil {
 		return err
 	}
 	for _, status := range o.ReleaseStatuses {

@@ -1,4 +1,4 @@
-package idempotency
+package fingerprint
 
 import (
 	"net/http"
@@ -16,9 +16,9 @@ func FuzzQueryAsSet(f *testing.F) {
 	for _, q := range []string{"", "a=1&b=2", "b=2&a=1&a=0", "q=a+b&r=%2B", "a&&b=", "a=%zz", "%C3%A9=%e2%82%ac", "x=1;y=2"} {
 		f.Add(q)
 	}
-	p := &payload{mode: modeJSON}
+	p := &Payload{mode: modeJSON}
 	fp := func(q string) any {
-		return p.of(&http.Request{URL: &url.URL{RawQuery: q}, Header: http.Header{}}, nil)
+		return p.Of(&http.Request{URL: &url.URL{RawQuery: q}, Header: http.Header{}}, nil)
 	}
 	f.Fuzz(func(t *testing.T, q string) {
 		got := fp(q)

@@ -9,22 +9,6 @@ import (
 	"testing"
 )
 
-func TestHostOnly(t *testing.T) {
-	for in, want := range map[string]string{
-		"api.example.com":     "api.example.com",
-		"api.example.com:443": "api.example.com",
-		"127.0.0.1:8081":      "127.0.0.1",
-		"[::1]:8080":          "::1",
-		"[::1]":               "[::1]",
-		"::1":                 "::1", // not a host:port: kept, as Caddy does
-		"":                    "",
-	} {
-		if got := hostOnly(in); got != want {
-			t.Errorf("hostOnly(%q) = %q, want %q", in, got, want)
-		}
-	}
-}
-
 func withHost(r *http.Request, host string) *http.Request {
 	r.Host = host
 	return r

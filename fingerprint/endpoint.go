@@ -1,4 +1,4 @@
-package idempotency
+package fingerprint
 
 import (
 	"crypto/sha256"
@@ -9,14 +9,12 @@ import (
 	"unicode/utf8"
 
 	"github.com/caddyserver/caddy/v2"
-
-	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
-// defaultEndpoint is the Caddyfile's {method} {host}{path}. The host is
+// DefaultEndpoint is the Caddyfile's {method} {host}{path}. The host is
 // taken without port, in lower case, so that api.example.com and
 // api.example.com:443, or two instances on different ports, are one endpoint.
-const defaultEndpoint = "{http.request.method} {http.request.host}{http.request.uri.path}"
+const DefaultEndpoint = "{http.request.method} {http.request.host}{http.request.uri.path}"
 
 // maxEndpoint bounds what a claim and its record keep of the endpoint, so
 // that a record's size does not grow with the path a client sends: with
@@ -24,10 +22,10 @@ const defaultEndpoint = "{http.request.method} {http.request.host}{http.request.
 // of a bounded store, or fill a shared one for a whole ttl.
 const maxEndpoint = 256
 
-// endpointOf expands the endpoint template, directly for the default one,
+// Endpoint expands the endpoint template, directly for the default one,
 // and bounds it (keptEndpoint).
-func endpointOf(template string, r *http.Request, repl *caddy.Replacer) string {
-	if template == defaultEndpoint {
+func Endpoint(template string, r *http.Request, repl *caddy.Replacer) string {
+	if template == DefaultEndpoint {
 		return keptEndpoint(defaultEndpointOf(r.Method, r.Host, r.URL.Path))
 	}
 	return keptEndpoint(repl.ReplaceAll(template, ""))
@@ -65,10 +63,4 @@ func hostOnly(hostport string) string {
 		return hostport
 	}
 	return host
-}
-
-// boundTo reports whether rec was made by a request to the same endpoint
-// with the same payload as c's: a retry of it, not another use of its key.
-func boundTo(rec *store.Record, c *store.Claim) bool {
-	return rec.Endpoint == c.Endpoint && rec.Fingerprint == c.Fingerprint
 }

@@ -1,4 +1,6 @@
-package idempotency
+// Package fingerprint is what a key is bound to: the endpoint a request
+// was sent to, and the fingerprint of its payload (the fingerprint modes).
+package fingerprint
 
 import (
 	"crypto/sha256"
@@ -29,6 +31,13 @@ type digest struct {
 // per memory-store new key under bench/compare.sh (docs/performance.md).
 var digests = sync.Pool{New: func() any { return &digest{Hash: sha256.New()} }}
 
+// The values of the fingerprint option.
+const (
+	Body = "body"
+	JSON = "json"
+	None = "none"
+)
+
 // fingerprintMode is the fingerprint option, parsed once.
 type fingerprintMode uint8
 
@@ -39,26 +48,26 @@ const (
 )
 
 var fingerprintModes = map[string]fingerprintMode{
-	fingerprintBody: modeBody,
-	fingerprintJSON: modeJSON,
-	fingerprintNone: modeNone,
+	Body: modeBody,
+	JSON: modeJSON,
+	None: modeNone,
 }
 
-// payload is what a handler's fingerprint reads of a request.
-type payload struct {
+// Payload is what a handler's fingerprint reads of a request.
+type Payload struct {
 	mode    fingerprintMode
 	ignore  *canonjson.Ignore // json mode's fingerprint_ignore; nil when none
-	only    *selection        // json mode's fingerprint_only; nil when none
+	only    *Selection        // json mode's fingerprint_only; nil when none
 	headers []string          // fingerprint_headers, canonical, sorted, each once
 }
 
-// newPayload compiles the json mode's fingerprint_ignore, and sorts and
+// NewPayload compiles the json mode's fingerprint_ignore, and sorts and
 // dedupes the header names so that their order or case does not matter.
-func newPayload(mode string, ignore, only, headers []string) (payload, error) {
-	p := payload{mode: fingerprintModes[mode]}
+func NewPayload(mode string, ignore, only, headers []string) (Payload, error) {
+	p := Payload{mode: fingerprintModes[mode]}
 	if p.mode == modeJSON && len(only) > 0 {
 		var err error
-		if p.only, err = newSelection(only); err != nil {
+		if p.only, err = NewSelection(only); err != nil {
 			return p, fmt.Errorf("fingerprint_only: %w", err)
 		}
 	}
@@ -102,8 +111,11 @@ const (
 	tagRawBody   = 'b' // the body as sent: it is not valid JSON
 )
 
-// of hashes r's payload; b is its buffered body (nil if empty or in none mode).
-func (p *payload) of(r *http.Request, b []byte) store.Fingerprint {
+// ReadsBody says whether the fingerprint reads the body (all modes but none).
+func (p *Payload) ReadsBody() bool { return p.mode != modeNone }
+
+// Of hashes r's payload; b is its buffered body (nil if empty or in none mode).
+func (p *Payload) Of(r *http.Request, b []byte) store.Fingerprint {
 	d := digests.Get().(*digest)
 	defer d.release()
 	d.Reset()

@@ -1,12 +1,12 @@
-package idempotency
+package store
 
 import (
 	"strings"
 	"testing"
 )
 
-func TestParseKey(t *testing.T) {
-	long := strings.Repeat("k", maxKeyLen)
+func TestParseClientKey(t *testing.T) {
+	long := strings.Repeat("k", MaxClientKeyLen)
 	for _, tc := range []struct {
 		in   string
 		want string
@@ -42,26 +42,26 @@ func TestParseKey(t *testing.T) {
 		{`,`, "", false},
 		{`"a,b"`, "a,b", true},
 	} {
-		got, ok := parseKey(tc.in)
+		got, ok := ParseClientKey(tc.in)
 		if got != tc.want || ok != tc.ok {
-			t.Errorf("parseKey(%q) = %q, %v; want %q, %v", tc.in, got, ok, tc.want, tc.ok)
+			t.Errorf("ParseClientKey(%q) = %q, %v; want %q, %v", tc.in, got, ok, tc.want, tc.ok)
 		}
 	}
 }
 
-func FuzzParseKey(f *testing.F) {
+func FuzzParseClientKey(f *testing.F) {
 	for _, s := range []string{`abc`, `"abc"`, `"a\"b"`, `""`, `"`, "a b", strings.Repeat("x", 300)} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, in string) {
-		key, ok := parseKey(in)
+		key, ok := ParseClientKey(in)
 		if !ok {
 			if key != "" {
 				t.Fatalf("refused %q but returned %q", in, key)
 			}
 			return
 		}
-		if len(key) == 0 || len(key) > maxKeyLen {
+		if len(key) == 0 || len(key) > MaxClientKeyLen {
 			t.Fatalf("accepted %q as a key of length %d", in, len(key))
 		}
 		for i := 0; i < len(key); i++ {
@@ -72,13 +72,13 @@ func FuzzParseKey(f *testing.F) {
 		// The bare spelling of an accepted key means the same key, and so
 		// does its sf-string spelling.
 		if key[0] != '"' {
-			if again, ok := parseKey(key); !ok || again != key {
+			if again, ok := ParseClientKey(key); !ok || again != key {
 				t.Fatalf("bare spelling of %q parsed as %q, %v", key, again, ok)
 			}
 		}
 		quoted := `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(key) + `"`
-		if len(quoted) <= 2*maxKeyLen+2 {
-			if again, ok := parseKey(quoted); !ok || again != key {
+		if len(quoted) <= 2*MaxClientKeyLen+2 {
+			if again, ok := ParseClientKey(quoted); !ok || again != key {
 				t.Fatalf("sf-string spelling %s parsed as %q, %v; want %q", quoted, again, ok, key)
 			}
 		}

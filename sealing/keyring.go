@@ -1,4 +1,4 @@
-package idempotency
+package sealing
 
 import (
 	"crypto/aes"
@@ -28,19 +28,19 @@ type sealKey struct {
 	aead cipher.AEAD
 }
 
-// keyring holds the configured keys: the first seals, every one opens.
-type keyring struct {
+// Keyring holds the configured keys: the first seals, every one opens.
+type Keyring struct {
 	keys []sealKey
 }
 
-// newKeyring decodes encryption_keys, or returns nil if none. Errors name a
+// NewKeyring decodes encryption_keys, or returns nil if none. Errors name a
 // key by position, never by value, which may be the key itself.
-func newKeyring(raw []string) (*keyring, error) {
+func NewKeyring(raw []string) (*Keyring, error) {
 	if len(raw) == 0 {
 		return nil, nil
 	}
 	repl := caddy.NewReplacer() // {env.*} and {file.*}
-	ring := &keyring{}
+	ring := &Keyring{}
 	for i, r := range raw {
 		n := i + 1
 		s := strings.TrimSpace(repl.ReplaceKnown(r, ""))
@@ -76,8 +76,8 @@ func newKeyring(raw []string) (*keyring, error) {
 	return ring, nil
 }
 
-// ids lists the keys' ids, the sealing key first.
-func (r *keyring) ids() []string {
+// IDs lists the keys' ids, the sealing key first.
+func (r *Keyring) IDs() []string {
 	if r == nil {
 		return nil
 	}
@@ -88,7 +88,7 @@ func (r *keyring) ids() []string {
 	return ids
 }
 
-func (r *keyring) byID(id [keyIDLen]byte) (sealKey, bool) {
+func (r *Keyring) byID(id [keyIDLen]byte) (sealKey, bool) {
 	if r != nil {
 		for _, k := range r.keys {
 			if k.raw == id {
@@ -117,7 +117,7 @@ const (
 // seal returns resp with its headers and body sealed with the first key,
 // bound to k and to c's endpoint and fingerprint, which the store keeps
 // beside it.
-func (r *keyring) seal(k store.Key, c *store.Claim, resp *store.Response) (*store.Response, error) {
+func (r *Keyring) seal(k store.Key, c *store.Claim, resp *store.Response) (*store.Response, error) {
 	key := r.keys[0]
 	head := append([]byte{sealFormat}, key.raw[:]...)
 	head = binary.AppendUvarint(head, uint64(len(resp.Body)))
@@ -137,30 +137,30 @@ func (r *keyring) seal(k store.Key, c *store.Claim, resp *store.Response) (*stor
 }
 
 // open returns rec with the headers and body sealed in its body.
-func (r *keyring) open(k store.Key, rec *store.Record) (*store.Record, error) {
+func (r *Keyring) open(k store.Key, rec *store.Record) (*store.Record, error) {
 	head, size, ok := envelopeHead(rec.Body)
 	if !ok {
-		return nil, &unreadableRecord{reason: "malformed"}
+		return nil, &Unreadable{Reason: "malformed"}
 	}
 	id := [keyIDLen]byte(head[1 : 1+keyIDLen])
 	hexID := hex.EncodeToString(id[:])
 	key, ok := r.byID(id)
 	if !ok {
-		return nil, &unreadableRecord{reason: "unknown_key", keyID: hexID}
+		return nil, &Unreadable{Reason: "unknown_key", KeyID: hexID}
 	}
 	sealed := rec.Body[len(head):]
 	nonceLen := key.aead.NonceSize()
 	if len(sealed) < nonceLen+key.aead.Overhead() {
-		return nil, &unreadableRecord{reason: "malformed", keyID: hexID}
+		return nil, &Unreadable{Reason: "malformed", KeyID: hexID}
 	}
 	plain, err := key.aead.Open(nil, sealed[:nonceLen], sealed[nonceLen:], sealAAD(k, rec, head))
 	if err != nil {
-		return nil, &unreadableRecord{reason: "authentication", keyID: hexID}
+		return nil, &Unreadable{Reason: "authentication", KeyID: hexID}
 	}
 	inner, err := store.DecodeRecord(plain)
 	if err != nil || len(inner.Body) != size {
 		// authenticated, so written by a sealer that disagrees with this one
-		return nil, &unreadableRecord{reason: "malformed", keyID: hexID}
+		return nil, &Unreadable{Reason: "malformed", KeyID: hexID}
 	}
 	out := *rec
 	out.Header, out.Body, out.Sealed = inner.Header, inner.Body, false
@@ -179,8 +179,8 @@ func envelopeHead(body []byte) (head []byte, size int, ok bool) {
 	return body[:1+keyIDLen+w], int(n), true
 }
 
-// bodySize is the size of rec's response body, sealed or not.
-func bodySize(rec *store.Record) int {
+// BodySize is the size of rec's response body, sealed or not.
+func BodySize(rec *store.Record) int {
 	if rec.Sealed {
 		if _, n, ok := envelopeHead(rec.Body); ok {
 			return n

@@ -1,4 +1,4 @@
-package idempotency
+package sealing
 
 import (
 	"bytes"
@@ -13,7 +13,7 @@ import (
 // (on completion) and one open (on each replay) of a response with a few
 // headers and a body of each size. MB/s counts the body.
 func BenchmarkSealOpen(b *testing.B) {
-	ring, err := newKeyring([]string{sealKeyA})
+	ring, err := NewKeyring([]string{sealKeyA})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -1,4 +1,7 @@
-package idempotency
+// Package admin is the idempotency stores' operator interface: the
+// admin.api.idempotency module, which serves /idempotency/ on Caddy's admin
+// endpoint, and the caddy idempotency command, which calls it.
+package admin
 
 import (
 	"context"
@@ -14,6 +17,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 
+	"github.com/caddy-idempotency/caddy-idempotency/sealing"
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
@@ -56,15 +60,15 @@ func (a *adminAPI) Routes() []caddy.AdminRoute {
 	return []caddy.AdminRoute{{Pattern: adminBase, Handler: caddy.AdminHandlerFunc(a.serve)}}
 }
 
-// storeInfo is one element of GET /idempotency/stores.
-type storeInfo struct {
+// StoreInfo is one element of GET /idempotency/stores.
+type StoreInfo struct {
 	Name      string `json:"name"`
 	Module    string `json:"module"`
 	Inspector bool   `json:"inspector"`
 }
 
-// keyInfo is a record as the API shows it, the same for every store.
-type keyInfo struct {
+// KeyInfo is a record as the API shows it, the same for every store.
+type KeyInfo struct {
 	Store          string     `json:"store,omitempty"`
 	Key            string     `json:"key"`
 	State          string     `json:"state"`
@@ -79,19 +83,19 @@ type keyInfo struct {
 	OutcomeUnknown bool       `json:"outcome_unknown"`
 }
 
-// purged is the answer to a DELETE.
-type purged struct {
+// Purged is the answer to a DELETE.
+type Purged struct {
 	Store   string `json:"store"`
 	Key     string `json:"key"`
 	Deleted bool   `json:"deleted"`
 }
 
-// stuckList is the answer to GET /idempotency/stuck.
-type stuckList struct {
+// StuckList is the answer to GET /idempotency/stuck.
+type StuckList struct {
 	Store     string    `json:"store"`
 	OlderThan string    `json:"older_than"`
 	Limit     int       `json:"limit"`
-	Claims    []keyInfo `json:"claims"`
+	Claims    []KeyInfo `json:"claims"`
 }
 
 func (a *adminAPI) serve(w http.ResponseWriter, r *http.Request) error {
@@ -119,10 +123,10 @@ func (a *adminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (a *adminAPI) listStores(w http.ResponseWriter) error {
-	out := []storeInfo{}
+	out := []StoreInfo{}
 	for _, reg := range a.registered() {
 		_, ok := reg.Store.(store.Inspector)
-		out = append(out, storeInfo{Name: reg.Name, Module: reg.Module, Inspector: ok})
+		out = append(out, StoreInfo{Name: reg.Name, Module: reg.Module, Inspector: ok})
 	}
 	return writeJSON(w, out)
 }
@@ -147,7 +151,7 @@ func (a *adminAPI) serveKey(ctx context.Context, w http.ResponseWriter, r *http.
 		}
 		caddy.Log().Named("admin.api.idempotency").Info("purged a key",
 			zap.String("key_hash", key.String()), zap.String("store", name), zap.String("remote_addr", r.RemoteAddr))
-		return writeJSON(w, purged{Store: name, Key: key.String(), Deleted: true})
+		return writeJSON(w, Purged{Store: name, Key: key.String(), Deleted: true})
 	}
 	rec, expires, err := in.Lookup(ctx, key)
 	if err != nil {
@@ -157,7 +161,7 @@ func (a *adminAPI) serveKey(ctx context.Context, w http.ResponseWriter, r *http.
 		return apiError(http.StatusNotFound, "no record for key %s in store %s", key, name)
 	}
 	summary := store.Summarize(rec)
-	summary.BodySize = bodySize(rec)
+	summary.BodySize = sealing.BodySize(rec)
 	info := describe(key, summary, expires, time.Now())
 	info.Store = name
 	return writeJSON(w, info)
@@ -189,7 +193,7 @@ func (a *adminAPI) listStuck(ctx context.Context, w http.ResponseWriter, r *http
 	if err != nil {
 		return storeError("listing claims", name, err)
 	}
-	out := stuckList{Store: name, OlderThan: olderThan.String(), Limit: limit, Claims: []keyInfo{}}
+	out := StuckList{Store: name, OlderThan: olderThan.String(), Limit: limit, Claims: []KeyInfo{}}
 	now := time.Now()
 	for _, e := range entries {
 		out.Claims = append(out.Claims, describe(e.Key, e.Summary, e.ExpiresAt, now))
@@ -257,8 +261,8 @@ func (a *adminAPI) pick(name string) (string, store.Inspector, error) {
 }
 
 // describe shows a summary, its age and time left at now, UTC to the ms.
-func describe(key store.Key, s store.Summary, expires time.Time, now time.Time) keyInfo {
-	info := keyInfo{
+func describe(key store.Key, s store.Summary, expires time.Time, now time.Time) KeyInfo {
+	info := KeyInfo{
 		Key:            key.String(),
 		State:          s.State.String(),
 		Endpoint:       s.Endpoint,

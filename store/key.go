@@ -1,25 +1,23 @@
-package idempotency
+package store
 
 import (
 	"crypto/rand"
 	"sync/atomic"
-
-	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
-// maxKeyLen follows Stripe: long enough for any UUID or ULID scheme, short
-// enough that a key can never be used to stuff data into the store.
-const maxKeyLen = 255
+// MaxClientKeyLen follows Stripe: long enough for any UUID or ULID scheme,
+// short enough that a key can never be used to stuff data into the store.
+const MaxClientKeyLen = 255
 
-// parseKey returns the key of an Idempotency-Key value: an RFC 8941
+// ParseClientKey returns the key of an Idempotency-Key value: an RFC 8941
 // sf-string ("abc") as the IETF draft says, or bare (abc) as most clients
 // send it, of 1 to 255 visible ASCII characters. A bare key may not hold a
 // comma: an intermediary that joins two header lines sends "a, b".
-func parseKey(v string) (string, bool) {
+func ParseClientKey(v string) (string, bool) {
 	if len(v) > 0 && v[0] == '"' {
 		return parseSFString(v)
 	}
-	if len(v) == 0 || len(v) > maxKeyLen {
+	if len(v) == 0 || len(v) > MaxClientKeyLen {
 		return "", false
 	}
 	for i := 0; i < len(v); i++ {
@@ -55,7 +53,7 @@ func parseSFString(v string) (string, bool) {
 			} else {
 				key = string(append(out, v[start:i]...))
 			}
-			if len(key) == 0 || len(key) > maxKeyLen {
+			if len(key) == 0 || len(key) > MaxClientKeyLen {
 				return "", false
 			}
 			return key, true
@@ -80,8 +78,9 @@ func init() {
 	rand.Read(tokenPrefix[:])
 }
 
-func newToken() store.Token {
-	var t store.Token
+// NewToken returns a claim's owner token.
+func NewToken() Token {
+	var t Token
 	copy(t[:8], tokenPrefix[:])
 	n := tokenCounter.Add(1)
 	for i := range 8 {

@@ -1,4 +1,7 @@
-package idempotency
+// Package app is the global idempotency option: the idempotency app module,
+// which holds every handler's defaults and the store they share, and the
+// options themselves (Options), their defaults, checks and Caddyfile syntax.
+package app
 
 import (
 	"errors"
@@ -9,6 +12,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 
+	"github.com/caddy-idempotency/caddy-idempotency/fingerprint"
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
@@ -52,23 +56,27 @@ func (App) CaddyModule() caddy.ModuleInfo {
 // Provision compiles the defaults' fingerprint_ignore pointers, to report
 // a bad one, and loads the shared store, if the defaults name one.
 func (a *App) Provision(ctx caddy.Context) error {
-	if _, err := newPayload(a.Fingerprint, a.FingerprintIgnore, a.FingerprintOnly, nil); err != nil {
+	if _, err := fingerprint.NewPayload(a.Fingerprint, a.FingerprintIgnore, a.FingerprintOnly, nil); err != nil {
 		return fmt.Errorf("idempotency defaults: %w", err)
 	}
 	if a.StoreRaw == nil {
 		return nil
 	}
 	var err error
-	if a.shared, err = loadStore(ctx, a, "the shared idempotency store"); err != nil {
+	if a.shared, err = LoadStore(ctx, a, "the shared idempotency store"); err != nil {
 		return err
 	}
 	a.StoreRaw = nil // loaded once, here; handlers use a.shared
 	return nil
 }
 
+// Shared is the store that the defaults name, which the routes that name
+// none share; empty when the defaults name none.
+func (a *App) Shared() store.Registration { return a.shared }
+
 // Validate checks the defaults that are set.
 func (a *App) Validate() error {
-	if err := a.check(); err != nil {
+	if err := a.Check(); err != nil {
 		return fmt.Errorf("idempotency defaults: %w", err)
 	}
 	return nil
@@ -83,7 +91,7 @@ func (*App) Stop() error { return nil }
 // UnmarshalCaddyfile reads the global option's block, which holds the
 // directive's options.
 func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	return a.Options.unmarshalCaddyfile(d)
+	return a.Options.UnmarshalCaddyfile(d)
 }
 
 func parseGlobalOption(d *caddyfile.Dispenser, _ any) (any, error) {
@@ -107,8 +115,8 @@ func expandShorthands(template string) string {
 	return seg[0].Text
 }
 
-// configuredApp returns the config's idempotency app, nil if it has none.
-func configuredApp(ctx caddy.Context) (*App, error) {
+// Configured returns the config's idempotency app, nil if it has none.
+func Configured(ctx caddy.Context) (*App, error) {
 	val, err := ctx.AppIfConfigured("idempotency")
 	if errors.Is(err, caddy.ErrNotConfigured) {
 		return nil, nil
@@ -119,11 +127,11 @@ func configuredApp(ctx caddy.Context) (*App, error) {
 	return val.(*App), nil
 }
 
-// loadStore loads the store module that the StoreRaw field of holder (a
+// LoadStore loads the store module that the StoreRaw field of holder (a
 // *Handler or an *App) configures, with the name it is registered under
 // (its module's name if it does not register), which labels its metrics
 // and spans. what names the store in errors.
-func loadStore(ctx caddy.Context, holder any, what string) (store.Registration, error) {
+func LoadStore(ctx caddy.Context, holder any, what string) (store.Registration, error) {
 	mod, err := ctx.LoadModule(holder, "StoreRaw")
 	if err != nil {
 		return store.Registration{}, fmt.Errorf("loading %s: %w", what, err)

@@ -1,16 +1,17 @@
-package idempotency
+package app
 
 import (
 	"strconv"
 	"strings"
 
+	"github.com/caddy-idempotency/caddy-idempotency/fingerprint"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/cfarg"
 	"github.com/caddy-idempotency/caddy-idempotency/store"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 )
 
-// unmarshalCaddyfile reads the options of the idempotency directive, and
+// UnmarshalCaddyfile reads the options of the idempotency directive, and
 // of the global option's block:
 //
 //	idempotency [<matcher>] {
@@ -48,7 +49,7 @@ import (
 // Every option may appear once. The parser checks the syntax; what the
 // values mean (header names, statuses, JSON pointers) is checked once, by
 // Provision and Validate.
-func (o *Options) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
+func (o *Options) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	const maxBodyLimit = 1 << 40 // 1 TiB: bodies are buffered in memory, so more is a mistake
 	keyPlaced := false           // key_header and key_from both say where the key is: one may
 	return cfarg.Block(d, nil, func(opt string) (err error) {
@@ -92,7 +93,7 @@ func (o *Options) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			parts, err = cfarg.List(d, opt)
 			o.Endpoint = strings.Join(parts, " ")
 		case "fingerprint":
-			o.Fingerprint, err = cfarg.OneOf(d, opt, fingerprintBody, fingerprintJSON, fingerprintNone)
+			o.Fingerprint, err = cfarg.OneOf(d, opt, fingerprint.Body, fingerprint.JSON, fingerprint.None)
 		case "fingerprint_ignore":
 			o.FingerprintIgnore, err = cfarg.List(d, opt)
 		case "fingerprint_only":
@@ -118,11 +119,11 @@ func (o *Options) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "max_response_body":
 			o.MaxResponseBody, err = cfarg.Size(d, opt, maxBodyLimit)
 		case "on_store_error":
-			o.OnStoreError, err = cfarg.OneOf(d, opt, failClosed, failOpen)
+			o.OnStoreError, err = cfarg.OneOf(d, opt, FailClosed, FailOpen)
 		case "on_conflict":
 			err = o.unmarshalOnConflict(d)
 		case "on_unknown_outcome":
-			o.OnUnknownOutcome, err = cfarg.OneOf(d, opt, unknownRelease, unknownKeep)
+			o.OnUnknownOutcome, err = cfarg.OneOf(d, opt, UnknownRelease, UnknownKeep)
 		case "store_server_errors":
 			err = cfarg.Flag(d, opt)
 			o.StoreServerErrors = true
@@ -168,9 +169,9 @@ func (o *Options) unmarshalOnConflict(d *caddyfile.Dispenser) error {
 		return d.Errf("on_conflict: want reject or wait <max_duration>")
 	}
 	switch o.OnConflict = d.Val(); o.OnConflict {
-	case conflictReject:
+	case ConflictReject:
 		return cfarg.Flag(d, "on_conflict reject")
-	case conflictWait:
+	case ConflictWait:
 		dur, err := cfarg.Duration(d, "on_conflict wait", true)
 		if err != nil {
 			return err

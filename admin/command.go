@@ -1,4 +1,4 @@
-package idempotency
+package admin
 
 import (
 	"bytes"
@@ -165,7 +165,7 @@ func (k *keyFlags) path(args []string, sub string) (keyRef, error) {
 	case clientKey == "":
 		return keyRef{}, errors.New("which key? " + keyUsage(sub))
 	}
-	parsed, ok := parseKey(clientKey)
+	parsed, ok := store.ParseClientKey(clientKey)
 	if !ok {
 		return keyRef{}, errors.New("not a valid Idempotency-Key (1 to 255 visible ASCII characters, bare or as a quoted string)")
 	}
@@ -196,7 +196,7 @@ func (o *cliOptions) run(c *cobra.Command, f func(context.Context) error) error 
 }
 
 func (o *cliOptions) inspect(ctx context.Context, ref keyRef) error {
-	var info keyInfo
+	var info KeyInfo
 	raw, err := o.call(ctx, http.MethodGet, ref.path, nil, &info)
 	if err = ref.explain(err); err != nil || o.json {
 		return o.printJSON(raw, err)
@@ -232,7 +232,7 @@ func (o *cliOptions) inspect(ctx context.Context, ref keyRef) error {
 }
 
 func (o *cliOptions) purge(ctx context.Context, ref keyRef) error {
-	var p purged
+	var p Purged
 	raw, err := o.call(ctx, http.MethodDelete, ref.path, nil, &p)
 	if err = ref.explain(err); err != nil || o.json {
 		return o.printJSON(raw, err)
@@ -250,7 +250,7 @@ func (k keyRef) explain(err error) error {
 
 func (o *cliOptions) stuck(ctx context.Context, olderThan string, limit int) error {
 	q := url.Values{"older_than": {olderThan}, "limit": {strconv.Itoa(limit)}}
-	var list stuckList
+	var list StuckList
 	raw, err := o.call(ctx, http.MethodGet, adminBase+"stuck", q, &list)
 	if err != nil || o.json {
 		return o.printJSON(raw, err)
@@ -279,7 +279,7 @@ func (o *cliOptions) stuck(ctx context.Context, olderThan string, limit int) err
 }
 
 func (o *cliOptions) stores(ctx context.Context) error {
-	var list []storeInfo
+	var list []StoreInfo
 	raw, err := o.call(ctx, http.MethodGet, adminBase+"stores", nil, &list)
 	if err != nil || o.json {
 		return o.printJSON(raw, err)

@@ -3,22 +3,24 @@ package idempotency
 import (
 	"net/http"
 	"slices"
+
+	"github.com/caddy-idempotency/caddy-idempotency/app"
 )
 
 // The end of a claimed request: what became of it, decided in one place
-// (decideEnding) from what the recorder saw, and carried out by the
+// (decideClaimEnd) from what the recorder saw, and carried out by the
 // attempt's finish (attempt.go). The table "What a failed upstream leaves
-// behind" in docs/guarantees.md is this function in prose; ending_test.go
+// behind" in docs/guarantees.md is this function in prose; claim_end_test.go
 // has a row for each of its rows.
 
-// ending is what a claim becomes once its request is done.
-type ending uint8
+// claimEnd is what a claim becomes once its request is done.
+type claimEnd uint8
 
 const (
-	endStore          ending = iota // the answer is stored and replayed
-	endStoreTruncated               // it ran, but there is no whole answer: never run again, never replayed
-	endRelease                      // nothing was done, or a retry may do it: the retry runs
-	endKeepUnknown                  // it may have run and no answer came: kept until ttl as unknown
+	endStore          claimEnd = iota // the answer is stored and replayed
+	endStoreTruncated                 // it ran, but there is no whole answer: never run again, never replayed
+	endRelease                        // nothing was done, or a retry may do it: the retry runs
+	endKeepUnknown                    // it may have run and no answer came: kept until ttl as unknown
 )
 
 // statusClientClosed is the status Caddy's reverse_proxy writes when the
@@ -26,8 +28,8 @@ const (
 // was cancelled one lease after its client left.
 const statusClientClosed = 499
 
-// seen is what the handler knows once the request is done.
-type seen struct {
+// responseFacts is what the handler knows once the request is done.
+type responseFacts struct {
 	wroteHeader bool
 	status      int  // the final status written, if wroteHeader
 	overflow    bool // the body outgrew max_response_body
@@ -36,11 +38,11 @@ type seen struct {
 	reached     bool // an upstream may have received the request (reachedUpstream)
 }
 
-// decideEnding is the failure table: it reads only the facts and the
+// decideClaimEnd is the failure table: it reads only the facts and the
 // options, and says why, for the logs.
-func (h *Handler) decideEnding(s seen) (ending, string) {
+func (h *Handler) decideClaimEnd(s responseFacts) (claimEnd, string) {
 	unknown := endRelease
-	if h.OnUnknownOutcome == unknownKeep {
+	if h.OnUnknownOutcome == app.UnknownKeep {
 		unknown = endKeepUnknown
 	}
 	switch {
