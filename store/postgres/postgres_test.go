@@ -52,22 +52,11 @@ func sqlExec(t testing.TB, dsn, sql string, args ...any) {
 	}
 }
 
-// begin opens a transaction on a connection of its own, rolled back and
-// closed when the test ends.
+// begin opens a transaction on a connection of its own to the shared
+// server, rolled back and closed when the test ends.
 func begin(t testing.TB) pgx.Tx {
 	t.Helper()
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, shared.DSN())
-	if err != nil {
-		t.Fatalf("connecting: %v", err)
-	}
-	t.Cleanup(func() { conn.Close(ctx) })
-	tx, err := conn.Begin(ctx)
-	if err != nil {
-		t.Fatalf("beginning: %v", err)
-	}
-	t.Cleanup(func() { tx.Rollback(ctx) })
-	return tx
+	return beginOn(t, shared.DSN())
 }
 
 func count(t testing.TB, dsn, table string) int {
