@@ -401,10 +401,12 @@ func (m *keyModel) heldOther(res *histResult, b binding, from, to time.Duration)
 // way in the process meanwhile, whatever its binding: a claim waits for
 // one under way in its process for at most a second, then is answered 409
 // (claimsInFlight). Every instance of a history plays in the test's one
-// process, so they share that gate, as two routes of one Caddy do.
+// process, so they share that gate, as two routes of one Caddy do; and a
+// request whose instance died lives on in the test's process, holding the
+// gate, until its store call returns.
 func (m *keyModel) concurrentHere(res *histResult) bool {
 	for _, p := range m.run.results {
-		if p.key == res.key && p != res && p.sent <= res.done && p.done >= res.sent {
+		if p.key == res.key && p != res && p.sent <= res.done && (p.done >= res.sent || m.died(p.req.instance, p.sent, p.done)) {
 			return true
 		}
 	}
