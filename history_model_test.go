@@ -283,10 +283,7 @@ func (m *keyModel) heldDuring(res *histResult, b binding, from, to time.Duration
 			return true
 		}
 	}
-	for _, p := range m.run.results {
-		if p.key != res.key || p == res || m.byReq[p.id] != nil || m.bindingOf(p.req) != b || p.sent > to {
-			continue
-		}
+	for _, p := range m.unrun(res, b, to) {
 		// A request without a run: if the store failed under it, or its
 		// process died, its claim may have landed, and holds until its
 		// lease passes after the fault, or until it is withdrawn.
@@ -437,10 +434,7 @@ func (m *keyModel) cutOffUnconfirmed(res *histResult, b binding) bool {
 	if !m.run.h.route.keep || m.run.h.instances < 2 {
 		return false
 	}
-	for _, p := range m.run.results {
-		if p.key != res.key || p == res || m.byReq[p.id] != nil || m.bindingOf(p.req) != b || p.sent > res.done {
-			continue
-		}
+	for _, p := range m.unrun(res, b, res.done) {
 		for _, w := range m.faultsOn(p.req.instance, p.sent, p.done) {
 			if w.f.kind != faultDeath && w.f.kind != faultFull && w.end >= p.sent+histLease-slack {
 				return true
@@ -448,6 +442,18 @@ func (m *keyModel) cutOffUnconfirmed(res *histResult, b binding) bool {
 		}
 	}
 	return false
+}
+
+// unrun are the other requests of res's key and binding b, sent by until,
+// that never reached the upstream.
+func (m *keyModel) unrun(res *histResult, b binding, until time.Duration) []*histResult {
+	var out []*histResult
+	for _, p := range m.run.results {
+		if p.key == res.key && p != res && m.byReq[p.id] == nil && m.bindingOf(p.req) == b && p.sent <= until {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // died reports whether instance's process died during [from, to].
