@@ -29,6 +29,7 @@ import (
 // its failure its own, and the others run again as a batch (runBatch).
 type batcher struct {
 	pool  *pgxpool.Pool
+	lost  *lostSessions
 	wires int // statements or batches sent at once before calls queue: the pool's size
 
 	mu     sync.Mutex
@@ -87,7 +88,7 @@ func (b *batcher) do(ctx, caller context.Context, sql string, args []any, r *row
 		b.mu.Unlock()
 		// Deferred, so that a panic cannot leave the wire taken.
 		defer b.handOver()
-		return runAlone(ctx, b.pool, sql, args, r)
+		return runAlone(ctx, b.pool, b.lost, sql, args, r)
 	}
 	c := callPool.Get().(*call)
 	c.sql, c.args, c.r, c.size, c.ctx = sql, args, r, argBytes(args), ctx
@@ -184,19 +185,19 @@ func (b *batcher) send(leader *call, batch []*call) {
 	calls := slices.Clone(batch) // sorted and cut down below; batch keeps who to answer
 	slices.SortStableFunc(calls, func(a, b *call) int { return bytes.Compare(a.args[0].([]byte), b.args[0].([]byte)) })
 	for len(calls) > 1 {
-		failed := runBatch(ctx, b.pool, calls)
+		failed := runBatch(ctx, b.pool, b.lost, calls)
 		if failed < 0 {
 			return
 		}
 		// Nothing of the batch committed: the statement that failed runs
 		// alone, so that its failure is its own, and the others again.
 		c := calls[failed]
-		c.found, c.err = runAlone(ctx, b.pool, c.sql, c.args, c.r)
+		c.found, c.err = runAlone(ctx, b.pool, b.lost, c.sql, c.args, c.r)
 		calls = slices.Delete(calls, failed, failed+1)
 	}
 	if len(calls) == 1 {
 		c := calls[0]
-		c.found, c.err = runAlone(ctx, b.pool, c.sql, c.args, c.r)
+		c.found, c.err = runAlone(ctx, b.pool, b.lost, c.sql, c.args, c.r)
 	}
 }
 
@@ -217,30 +218,53 @@ func batchContext(batch []*call) (context.Context, context.CancelFunc) {
 }
 
 // runAlone runs one statement in a transaction of its own.
-func runAlone(ctx context.Context, pool *pgxpool.Pool, sql string, args []any, r *row) (bool, error) {
-	if r == nil {
-		tag, err := pool.Exec(ctx, sql, args...)
-		return err == nil && tag.RowsAffected() > 0, err
-	}
-	r.reset()
-	err := pool.QueryRow(ctx, sql, args...).Scan(r.dest[:r.ndest]...)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return false, nil
-	}
-	return err == nil, err
+func runAlone(ctx context.Context, pool *pgxpool.Pool, lost *lostSessions, sql string, args []any, r *row) (found bool, err error) {
+	err = onConn(ctx, pool, lost, func(conn *pgx.Conn) error {
+		if r == nil {
+			tag, err := conn.Exec(ctx, sql, args...)
+			found = err == nil && tag.RowsAffected() > 0
+			return err
+		}
+		r.reset()
+		err := conn.QueryRow(ctx, sql, args...).Scan(r.dest[:r.ndest]...)
+		found = err == nil
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		return err
+	})
+	return found, err
 }
 
 // runBatch runs calls, in key order, as one batch, and gives each its
 // answer; or, when a statement failed, which rolled the batch back,
 // returns its index and answers none.
-func runBatch(ctx context.Context, pool *pgxpool.Pool, calls []*call) (failed int) {
+func runBatch(ctx context.Context, pool *pgxpool.Pool, lost *lostSessions, calls []*call) (failed int) {
 	var batch pgx.Batch
 	for _, c := range calls {
 		batch.Queue(c.sql, c.args...)
 	}
-	br := pool.SendBatch(ctx, &batch)
 	failed = -1
-	var err error
+	err := onConn(ctx, pool, lost, func(conn *pgx.Conn) error {
+		var err error
+		failed, err = sendBatch(ctx, conn, &batch, calls)
+		return err
+	})
+	if failed >= 0 {
+		return failed
+	}
+	for _, c := range calls {
+		c.err = err
+	}
+	return -1
+}
+
+// sendBatch sends batch, of calls, on conn, and gives each its answer; or,
+// when a statement failed, returns its index (failed) and answers none.
+// err is the batch's: its connection's, or its commit's.
+func sendBatch(ctx context.Context, conn *pgx.Conn, batch *pgx.Batch, calls []*call) (failed int, err error) {
+	br := conn.SendBatch(ctx, batch)
+	failed = -1
 	for i, c := range calls {
 		if c.r == nil {
 			var tag pgconn.CommandTag
@@ -266,17 +290,14 @@ func runBatch(ctx context.Context, pool *pgxpool.Pool, calls []*call) (failed in
 	}
 	closeErr := br.Close()
 	if failed >= 0 {
-		return failed
+		return failed, nil
 	}
 	if err == nil {
 		// A commit that failed, or a connection lost before its answer:
 		// the batch's outcome is unknown, as a lone statement's would be.
 		err = closeErr
 	}
-	for _, c := range calls {
-		c.err = err
-	}
-	return -1
+	return -1, err
 }
 
 // refused reports whether err is the server's refusal of a statement, an

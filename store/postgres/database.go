@@ -32,6 +32,7 @@ var errReaperBusy = errors.New("another instance is reaping")
 // database is the pool, statements, reaper and listener of one table.
 type database struct {
 	pool      *pgxpool.Pool
+	lost      *lostSessions
 	batch     *batcher // nil with pipelining off
 	q         queries
 	events    *listener
@@ -69,6 +70,7 @@ func newDatabase(cfg *pgxpool.Config, schema, table string, create, pipelining b
 	ctx, stop := context.WithCancel(context.Background())
 	db := &database{
 		pool:      pool,
+		lost:      new(lostSessions),
 		q:         newQueries(name, quoteLiteral(channel)),
 		events:    newListener(listenCfg, channel, losses, logger),
 		qualified: name,
@@ -84,7 +86,7 @@ func newDatabase(cfg *pgxpool.Config, schema, table string, create, pipelining b
 	if pipelining {
 		// As many statements go alone as the pool has connections: below
 		// that, a statement queued behind another would only wait.
-		db.batch = &batcher{pool: pool, wires: int(cfg.MaxConns)}
+		db.batch = &batcher{pool: pool, lost: db.lost, wires: int(cfg.MaxConns)}
 	}
 	db.ready.Store(!create)
 	go db.run(ctx, reapInterval)
@@ -109,7 +111,7 @@ func (db *database) query(ctx, caller context.Context, sql string, r *row, nargs
 	if db.batch != nil {
 		return db.batch.query(ctx, caller, sql, r, nargs)
 	}
-	return runAlone(ctx, db.pool, sql, r.args[:nargs], r)
+	return runAlone(ctx, db.pool, db.lost, sql, r.args[:nargs], r)
 }
 
 // exec runs sql, a statement of one key, which args begin with, and
@@ -118,7 +120,7 @@ func (db *database) exec(ctx, caller context.Context, sql string, args []any) (b
 	if db.batch != nil {
 		return db.batch.exec(ctx, caller, sql, args)
 	}
-	return runAlone(ctx, db.pool, sql, args, nil)
+	return runAlone(ctx, db.pool, db.lost, sql, args, nil)
 }
 
 // lockID names an advisory lock after the table, so that the stores of

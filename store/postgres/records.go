@@ -76,7 +76,9 @@ func (s *Store) takeOver(ctx context.Context, key store.Key, args []any, version
 	start := time.Now()
 	// The first column is the notification of waiters, if any: nothing
 	// to read.
-	err = s.db.pool.QueryRow(ctx, s.db.q.takeover, args...).Scan(r.dests(nil, &tookOver, &r.ttl)...)
+	err = onConn(ctx, s.db.pool, s.db.lost, func(conn *pgx.Conn) error {
+		return conn.QueryRow(ctx, s.db.q.takeover, args...).Scan(r.dests(nil, &tookOver, &r.ttl)...)
+	})
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return store.Acquired{}, false, nil
@@ -153,9 +155,20 @@ func (s *Store) Complete(ctx context.Context, key store.Key, c *store.Claim, res
 // them into its own buffer before Exec returns.
 var headerBuffers = sync.Pool{New: func() any { return new([]byte) }}
 
-// Release deletes the claim held by token.
+// Release deletes the claim held by token. Finding none is no answer
+// while the session of a lost connection, which may yet write it, is still
+// on the server (lost.go); it looks for them first, so that one gone by
+// then has committed before the delete's snapshot.
 func (s *Store) Release(ctx context.Context, key store.Key, token store.Token) error {
-	return s.exec(ctx, "releasing", s.db.q.release, key[:], token[:])
+	running, err := s.db.lost.running(s.db.deadlines.bound(ctx), s.db.pool)
+	if err != nil {
+		return s.unavailable("releasing", err)
+	}
+	err = s.exec(ctx, "releasing", s.db.q.release, key[:], token[:])
+	if running && errors.Is(err, store.ErrNotOwner) {
+		return store.Unavailable("releasing", errLostSessionRuns)
+	}
+	return err
 }
 
 // Renew sets the lease of the claim held by token to lease from now.
