@@ -186,25 +186,19 @@ func (m *keyModel) storeFailed(instance int, sent, to time.Duration) bool {
 	return len(m.faultsOn(instance, sent, to+slack)) > 0
 }
 
-// forgotten reports whether what happened before at was forgotten by
-// then: a memory store's process died in between.
-func (m *keyModel) forgotten(before, at time.Duration) bool {
-	if m.run.h.store != "memory" {
-		return false
-	}
-	for _, w := range m.run.faultsAt {
-		// A request sent once the process was dead went to the next.
-		if w.f.kind == faultDeath && w.start > before && w.start <= at {
-			return true
-		}
-	}
-	return false
+// forgotten reports whether a memory store forgot a's claim before b
+// came: the process that took a died, and b went to the next one. Judged
+// by the generation that took each, not by when they were sent: a request
+// sent as its process died may have gone to either.
+func (m *keyModel) forgotten(a, b *histResult) bool {
+	return m.run.h.store == "memory" && b.gen > a.gen
 }
 
 func newModel(run *histRun) *keyModel {
 	m := &keyModel{run: run, byReq: make(map[string]*modelRun)}
 	reqs := make(map[string]*histResult)
 	for _, res := range run.results {
+		res.gen = run.servedBy[res.id]
 		reqs[res.id] = res
 	}
 	for _, u := range run.runs {
@@ -267,7 +261,7 @@ func (m *keyModel) classes(r *modelRun) []runClass {
 func (m *keyModel) priorRuns(res *histResult) []*modelRun {
 	var out []*modelRun
 	for _, r := range m.runs {
-		if r.req.key == res.key && r.req != res && r.req.sent <= res.done && !m.forgotten(r.req.sent, res.sent) {
+		if r.req.key == res.key && r.req != res && r.req.sent <= res.done && !m.forgotten(r.req, res) {
 			out = append(out, r)
 		}
 	}
@@ -296,7 +290,7 @@ func (m *keyModel) heldDuring(res *histResult, b binding, from, to time.Duration
 		for _, w := range faults {
 			last = max(last, w.end)
 		}
-		if last+histLease+slack >= from && !m.forgotten(p.sent, from) {
+		if last+histLease+slack >= from && !m.forgotten(p, res) {
 			return true
 		}
 	}
@@ -532,7 +526,7 @@ func (m *keyModel) checkOverlaps() {
 			if a.req.req.behaviour == upHang && b.start+cancelLag >= a.end {
 				continue // the hung upstream noticed its cancellation a moment late
 			}
-			if m.forgotten(a.start, b.start) {
+			if m.forgotten(a.req, b.req) {
 				continue
 			}
 			if a.troubled && m.logged(a.req.key) {

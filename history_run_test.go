@@ -68,7 +68,8 @@ type histRun struct {
 	mu        sync.Mutex
 	runs      []*upstreamRun // what the upstream ran, in order of start
 	results   []*histResult
-	faultsAt  []faultWindow // when each fault really happened
+	servedBy  map[string]int // request ID: the generation of the process that took it
+	faultsAt  []faultWindow  // when each fault really happened
 	instances []*histInstance
 	logs      []*observer.ObservedLogs
 	cleanups  []func()
@@ -98,6 +99,7 @@ type histResult struct {
 	body       []byte
 	err        error // no answer came
 	sentBody   []byte
+	gen        int // of the process that took it
 }
 
 // faultWindow is when a fault was in force, and on which instance.
@@ -202,7 +204,7 @@ func (k killable) Renew(ctx context.Context, key store.Key, tok store.Token, lea
 // play plays h and returns what it saw; the servers it needs of its own it
 // starts, the shared PostgreSQL excepted.
 func play(t testing.TB, h *history, pgDSN string) (*histRun, error) {
-	run := &histRun{h: h, t: t, pgDSN: pgDSN, play: fmt.Sprintf("h%d-p%d", h.seed, plays.Add(1))}
+	run := &histRun{h: h, t: t, pgDSN: pgDSN, play: fmt.Sprintf("h%d-p%d", h.seed, plays.Add(1)), servedBy: make(map[string]int)}
 	defer run.close()
 	var err error
 	if run.dir, err = os.MkdirTemp("", "history-"); err != nil {
@@ -424,6 +426,9 @@ func (run *histRun) provision(p *histProcess, instance int, changed bool) (*Hand
 func (in *histInstance) serve(run *histRun) func(http.ResponseWriter, *http.Request) {
 	return func(w http.ResponseWriter, r *http.Request) {
 		p := in.cur.Load()
+		run.mu.Lock()
+		run.servedBy[r.Header.Get("X-Request-Id")] = p.gen
+		run.mu.Unlock()
 		if p.dead.Load() {
 			panic(http.ErrAbortHandler) // a dead process answers nothing
 		}
