@@ -185,19 +185,11 @@ func (p *parser) object(st int32) bool {
 				m.end = int32(len(p.buf))
 				p.stack = append(p.stack, m)
 			}
-			p.skipSpace()
-			if p.pos >= len(p.in) {
+			if more, ok := p.separator('}'); !ok {
 				return false
-			}
-			if p.in[p.pos] == '}' {
-				p.pos++
+			} else if !more {
 				break
 			}
-			if p.in[p.pos] != ',' {
-				return false
-			}
-			p.pos++
-			p.skipSpace()
 		}
 	}
 	p.buf = append(p.buf, tagObjectEnd)
@@ -214,6 +206,26 @@ func (p *parser) object(st int32) bool {
 	p.stack = p.stack[:base]
 	p.depth--
 	return true
+}
+
+// separator reads what follows a member or element: end, which closes
+// the container (more is false), or a comma before the next one; ok is
+// false for anything else.
+func (p *parser) separator(end byte) (more, ok bool) {
+	p.skipSpace()
+	if p.pos >= len(p.in) {
+		return false, false
+	}
+	switch p.in[p.pos] {
+	case end:
+		p.pos++
+		return false, true
+	case ',':
+		p.pos++
+		p.skipSpace()
+		return true, true
+	}
+	return false, false
 }
 
 // into returns the state of the member or element s of a value read in
@@ -255,19 +267,11 @@ func (p *parser) array(st int32) bool {
 					p.buf = append(p.buf, tagNull)
 				}
 			}
-			p.skipSpace()
-			if p.pos >= len(p.in) {
+			if more, ok := p.separator(']'); !ok {
 				return false
-			}
-			if p.in[p.pos] == ']' {
-				p.pos++
+			} else if !more {
 				break
 			}
-			if p.in[p.pos] != ',' {
-				return false
-			}
-			p.pos++
-			p.skipSpace()
 		}
 	}
 	p.buf = append(p.buf, tagArrayEnd)
