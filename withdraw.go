@@ -26,6 +26,9 @@ import (
 // Commands on other connections are not ordered with a delayed one, so a
 // release that finds nothing is repeated until the store has answered
 // twice (the second answer comes after the backlog that held the claim).
+// PostgreSQL, whose sessions run side by side, answers a release that
+// finds nothing with an error while the session of a connection it lost
+// is still on the server (store/postgres/lost.go).
 // The token is unique to its request, so a release only ever removes that
 // request's claim.
 
