@@ -159,8 +159,11 @@ type Store interface {
 	// no longer holds the claim.
 	Complete(ctx context.Context, key Key, c *Claim, resp *Response, ttl time.Duration) error
 
-	// Release deletes the claim held by token, so that a retry runs anew.
-	// ErrNotOwner if token no longer holds the claim.
+	// Release deletes the claim held by token, so that a retry runs anew,
+	// whether or not its lease has passed: until a takeover, its owner
+	// knows best what became of its request (a claim withdrawn after a long
+	// outage must not be taken for a dead owner's). ErrNotOwner if token no
+	// longer holds the claim.
 	Release(ctx context.Context, key Key, token Token) error
 
 	// Renew extends the lease of the claim held by token to lease from

@@ -113,13 +113,17 @@ func (cs *claims) owned(k store.Key, tok store.Token, n int64) (*held, error) {
 	return e, nil
 }
 
-// release removes the claim held by tok.
-func (cs *claims) release(k store.Key, tok store.Token, t time.Time) error {
+// release removes the claim held by tok, its lease passed or not: until a
+// takeover, its owner knows best what became of its request.
+func (cs *claims) release(k store.Key, tok store.Token) error {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
-	e, err := cs.owned(k, tok, t.UnixNano())
-	if err != nil {
-		return err
+	if cs.closed {
+		return errClosed
+	}
+	e := cs.byKey[k]
+	if e == nil || !e.blob.ClaimedBy(tok) {
+		return store.ErrNotOwner
 	}
 	if e.storing {
 		return store.ErrNotOwner // the completion under way takes it

@@ -30,7 +30,7 @@ func TestClaimsPinnedDuringCompletion(t *testing.T) {
 	if r, _ := cs.take(k, claim(time.Second), late, cs.generation(k)); !r.holder.ClaimedBy(c.Token) {
 		t.Fatal("a claim being completed was taken over after its lease")
 	}
-	if err := cs.release(k, c.Token, t0); !errors.Is(err, store.ErrNotOwner) {
+	if err := cs.release(k, c.Token); !errors.Is(err, store.ErrNotOwner) {
 		t.Fatalf("release during the completion = %v, want ErrNotOwner", err)
 	}
 	if _, err := cs.pin(k, c.Token, t0); !errors.Is(err, store.ErrNotOwner) {
@@ -145,7 +145,7 @@ func TestClaimsTakeoverAndSweep(t *testing.T) {
 	if _, err := cs.take(k, claim(time.Second), t0, cs.generation(k)); !errors.Is(err, errClosed) {
 		t.Fatalf("take once closed = %v", err)
 	}
-	if err := cs.release(k, storetest.NewToken(), t0); !errors.Is(err, errClosed) {
+	if err := cs.release(k, storetest.NewToken()); !errors.Is(err, errClosed) {
 		t.Fatalf("release once closed = %v", err)
 	}
 }

@@ -109,7 +109,7 @@ func (s *Store) Release(ctx context.Context, key store.Key, token store.Token) e
 	if err != nil {
 		return err
 	}
-	return unlessNotOwner("releasing", db.claims.release(key, token, now()))
+	return unlessNotOwner("releasing", db.claims.release(key, token))
 }
 
 // Renew sets the lease of the claim held by token, in memory only.

@@ -101,14 +101,15 @@ func (m *Memory) countEvictions() {
 	}
 }
 
-// Release deletes the claim held by tok.
+// Release deletes the claim held by tok, its lease passed or not: until a
+// takeover, its owner knows best what became of its request.
 func (m *Memory) Release(_ context.Context, k store.Key, tok store.Token) error {
 	t := m.tab
 	t.Lock()
 	defer t.Unlock()
-	e, err := m.owned(k, tok, now().UnixNano())
-	if err != nil {
-		return err
+	e := t.Lookup(k)
+	if e == nil || !e.Blob.ClaimedBy(tok) {
+		return store.ErrNotOwner
 	}
 	t.Remove(e)
 	return nil
@@ -127,10 +128,12 @@ func (m *Memory) Renew(_ context.Context, k store.Key, tok store.Token, lease ti
 	return nil
 }
 
-// owned returns k's entry if tok holds its claim. The table is locked.
+// owned returns k's entry if tok holds its claim within its lease at n. A
+// claim whose lease has passed stays, for a takeover to find. The table is
+// locked.
 func (m *Memory) owned(k store.Key, tok store.Token, n int64) (*table.Entry, error) {
-	e := m.tab.Live(k, n)
-	if e == nil || !e.Blob.ClaimedBy(tok) {
+	e := m.tab.Lookup(k)
+	if e == nil || n >= e.Expires || !e.Blob.ClaimedBy(tok) {
 		return nil, store.ErrNotOwner
 	}
 	return e, nil

@@ -30,9 +30,15 @@ const (
 	isExpired = `(expires_at <= statement_timestamp()) IS TRUE`
 )
 
-// owned is the condition under which a token may act on its claim: a claim
-// whose lease has passed is dead to its owner even before a takeover.
-const owned = `key = $1 AND token = $2 AND state <> 'completed' AND ` + isLive
+// claimedBy is the condition that the token $2 holds the key's claim, its
+// lease passed or not: so it may release it, since until a takeover its
+// owner knows best what became of its request.
+const claimedBy = `key = $1 AND token = $2 AND state <> 'completed'`
+
+// owned is the condition under which a token may renew or complete its
+// claim: a claim whose lease has passed is dead to its owner even before a
+// takeover.
+const owned = claimedBy + ` AND ` + isLive
 
 // asInterval is n, a bigint of microseconds, as an interval of time alone:
 // an interval of days would be added by the calendar of the session's time
@@ -146,7 +152,7 @@ RETURNING CASE WHEN dead.unknown AND dead.watched THEN ` + notifyEnded + ` END,
 	expires_at = statement_timestamp() + ` + asInterval(`$9::bigint`) + `, reap_at = NULL
 WHERE ` + owned + ended),
 
-		release: names.Replace(`DELETE FROM {table} WHERE ` + owned + ended),
+		release: names.Replace(`DELETE FROM {table} WHERE ` + claimedBy + ended),
 
 		// renew moves the time the claim is kept until with its lease.
 		renew: names.Replace(`UPDATE {table} SET expires_at = statement_timestamp() + ` + asInterval(`$3::bigint`) + `,

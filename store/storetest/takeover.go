@@ -19,6 +19,8 @@ func RunTakeover(t *testing.T, open Opener) {
 		t.Run("AfterTTL", func(t *testing.T) { testTakeoverAfterTTL(t, open(t)) })
 		t.Run("KeepUnknown", func(t *testing.T) { testKeepUnknown(t, open(t)) })
 		t.Run("KeepUnknownLiveOrGone", func(t *testing.T) { testKeepUnknownNoDeadClaim(t, open(t)) })
+		t.Run("ReleaseAfterLease", func(t *testing.T) { testReleaseAfterLease(t, open(t)) })
+		t.Run("LateOwnerKeepsDeadClaim", func(t *testing.T) { testLateOwnerKeepsDeadClaim(t, open(t)) })
 	})
 }
 
@@ -111,6 +113,60 @@ func testKeepUnknown(t *testing.T, s store.Store) {
 	}
 	if err := s.Complete(ctx(t), k, dead, completed(201, []byte("late")), time.Minute); !errors.Is(err, store.ErrNotOwner) {
 		t.Fatalf("Complete by the dead owner = %v, want ErrNotOwner", err)
+	}
+}
+
+// testReleaseAfterLease checks that a claim whose lease has passed, and
+// that nothing has taken over, is still its owner's to release: an owner
+// that knows its request did not run, or asked for a retry, frees the key,
+// rather than leave a claim to be taken for a dead owner's (with
+// KeepUnknown, an unknown outcome: 502 to every retry).
+func testReleaseAfterLease(t *testing.T, s store.Store) {
+	k, c := NewKey(), newClaim(shortLease)
+	c.TTL = time.Minute
+	mustAcquire(t, s, k, c)
+	time.Sleep(shortLease + 200*time.Millisecond)
+	if err := s.Release(ctx(t), k, c.Token); err != nil {
+		t.Fatalf("Release after the lease passed = %v, want the claim released", err)
+	}
+	keep := newClaim(time.Minute)
+	keep.TTL, keep.KeepUnknown = time.Minute, true
+	if rec, took := acquireReporting(t, s, k, keep); rec != nil || took {
+		t.Fatalf("Acquire with KeepUnknown after the release = %+v, TookOver %v; want a claim that took nothing over", rec, took)
+	}
+}
+
+// testLateOwnerKeepsDeadClaim checks what the owner's renewal or
+// completion does once its lease has passed, before any takeover: a store
+// may take it (the claim is the owner's again, or completed), or refuse
+// it, and then leave the dead claim as it was, for a retry with
+// KeepUnknown to find; never drop it.
+func testLateOwnerKeepsDeadClaim(t *testing.T, s store.Store) {
+	late := map[string]func(store.Key, *store.Claim) error{
+		"Renew": func(k store.Key, c *store.Claim) error { return s.Renew(ctx(t), k, c.Token, time.Minute) },
+		"Complete": func(k store.Key, c *store.Claim) error {
+			return s.Complete(ctx(t), k, c, completed(201, []byte("late")), time.Minute)
+		},
+	}
+	for op, call := range late {
+		k, dead := NewKey(), newClaim(shortLease)
+		dead.TTL = time.Minute
+		mustAcquire(t, s, k, dead)
+		time.Sleep(shortLease + 200*time.Millisecond)
+		err := call(k, dead)
+		keep := newClaim(time.Minute)
+		keep.TTL, keep.KeepUnknown = time.Minute, true
+		rec, took := acquireReporting(t, s, k, keep)
+		switch {
+		case err == nil && (rec == nil || took):
+			t.Fatalf("%s after the lease passed succeeded, yet a retry found %+v, TookOver %v; want the owner's claim or record", op, rec, took)
+		case errors.Is(err, store.ErrNotOwner) && (rec == nil || !took):
+			t.Fatalf("%s after the lease passed failed, and a retry with KeepUnknown found %+v, TookOver %v; want the dead claim's unknown outcome", op, rec, took)
+		case errors.Is(err, store.ErrNotOwner):
+			checkUnknownOf(t, "Acquire with KeepUnknown", rec, dead)
+		case err != nil:
+			t.Fatalf("%s after the lease passed = %v, want success or ErrNotOwner", op, err)
+		}
 	}
 }
 
