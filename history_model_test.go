@@ -359,9 +359,9 @@ func (m *keyModel) checkRequest(res *histResult) {
 			allowed = m.heldDuring(res, b, s, e) || m.concurrentHere(res)
 		case "key-reused":
 			allowed = m.heldOther(res, b, s, e) ||
-				m.recorded(res, s, e, other, classStored, classTruncated, classUnknown)
+				m.recorded(res, s, e, other, classStored, classTruncated, classUnknown) || m.diedUnanswered(res, other)
 		case "outcome-unknown":
-			allowed = m.recorded(res, s, e, same, classUnknown) || m.diedUnanswered(res, b) || m.cutOffUnconfirmed(res, b)
+			allowed = m.recorded(res, s, e, same, classUnknown) || m.diedUnanswered(res, same) || m.cutOffUnconfirmed(res, b)
 		case "unreplayable":
 			allowed = m.recorded(res, s, e, same, classTruncated)
 		case "store-unavailable":
@@ -404,13 +404,14 @@ func (m *keyModel) concurrentHere(res *histResult) bool {
 	return false
 }
 
-// diedUnanswered reports whether, with keep, a request of res's key and
-// binding b went unanswered because its process died while it claimed or
-// ran: its claim is then a dead owner's, which may have run (the client
-// cannot know, nor can the store), and becomes its unknown outcome.
-func (m *keyModel) diedUnanswered(res *histResult, b binding) bool {
+// diedUnanswered reports whether, with keep, a request of res's key and a
+// binding for which match is true went unanswered because its process died
+// while it claimed or ran: its claim is then a dead owner's, which may have
+// run (the client cannot know, nor can the store), and becomes its unknown
+// outcome, bound as the dead claim was.
+func (m *keyModel) diedUnanswered(res *histResult, match func(binding) bool) bool {
 	for _, p := range m.run.results {
-		if p.key == res.key && p != res && p.err != nil && p.sent <= res.done && m.bindingOf(p.req) == b &&
+		if p.key == res.key && p != res && p.err != nil && p.sent <= res.done && match(m.bindingOf(p.req)) &&
 			m.run.h.route.keep && m.died(p.req.instance, p.sent, p.done) {
 			return true
 		}
