@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -623,24 +624,53 @@ func (run *histRun) fault(f histFault) {
 	run.mu.Unlock()
 }
 
+// copyDir copies the files the dead process left, as a crash would leave
+// them: the process runs on, and its background work (the sweep, the
+// journal's compaction) may commit while the files are read, which would
+// tear the copy (bbolt reuses the pages a later commit frees). So the files
+// are read until two reads in a row agree: no commit fell between them.
 func copyDir(from, to string) error {
 	if err := os.MkdirAll(to, 0o700); err != nil {
 		return err
 	}
-	entries, err := os.ReadDir(from)
+	files, err := readDir(from)
+	for tries := 0; err == nil; tries++ {
+		var again map[string][]byte
+		if again, err = readDir(from); err != nil {
+			break
+		}
+		if maps.EqualFunc(files, again, bytes.Equal) {
+			break
+		}
+		if tries == 100 {
+			return fmt.Errorf("the files of %s kept changing while read", from)
+		}
+		files = again
+	}
 	if err != nil {
 		return err
 	}
-	for _, e := range entries {
-		b, err := os.ReadFile(filepath.Join(from, e.Name()))
-		if err != nil {
-			return err
-		}
-		if err := os.WriteFile(filepath.Join(to, e.Name()), b, 0o600); err != nil {
+	for name, b := range files {
+		if err := os.WriteFile(filepath.Join(to, name), b, 0o600); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// readDir reads every file of dir.
+func readDir(dir string) (map[string][]byte, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	files := make(map[string][]byte, len(entries))
+	for _, e := range entries {
+		if files[e.Name()], err = os.ReadFile(filepath.Join(dir, e.Name())); err != nil {
+			return nil, err
+		}
+	}
+	return files, nil
 }
 
 // fillRedis fills the redis store's server until it refuses writes, with
