@@ -262,11 +262,6 @@ func play(t testing.TB, h *history, pgDSN string) (*histRun, error) {
 func (run *histRun) now() time.Duration { return time.Since(run.start) }
 
 func (run *histRun) close() {
-	for _, in := range run.instances {
-		for _, c := range in.cur.Load().cancel {
-			c()
-		}
-	}
 	for i := len(run.cleanups) - 1; i >= 0; i-- {
 		run.cleanups[i]()
 	}
@@ -368,6 +363,15 @@ func (run *histRun) startProcess(instance, gen int, dir string) (*histProcess, e
 	}
 	p.cancel = append(p.cancel, cancel)
 	p.handler.Store(h)
+	// Every process's configs end with the history, a dead one's too (it
+	// runs on, unheard, until then): else its pools and files stay open.
+	run.mu.Lock()
+	run.cleanups = append(run.cleanups, func() {
+		for _, c := range p.cancel {
+			c()
+		}
+	})
+	run.mu.Unlock()
 	return p, nil
 }
 
@@ -419,7 +423,7 @@ func (run *histRun) provision(p *histProcess, instance int, changed bool) (*Hand
 	run.mu.Lock()
 	run.logs = append(run.logs, logs)
 	run.mu.Unlock()
-	return h, cancel, nil
+	return h, sync.OnceFunc(cancel), nil // a reload ends the old config before the history does
 }
 
 // serve is instance in's HTTP server: its current process's handler, as
