@@ -124,7 +124,9 @@ func (a *attempt) acquire(ctx context.Context) (store.Acquired, error) {
 	case first:
 		defer claimsInFlight.end(a.key)
 	}
-	withdrawals.land(ctx, a.key)
+	if !withdrawals.land(ctx, a.key) {
+		return store.Acquired{}, errWithdrawalPending
+	}
 	a.claim.CreatedAt = time.Now()
 	got, err := a.h.store.Acquire(ctx, a.key, &a.claim)
 	if err == nil && got.Record == nil && time.Since(a.claim.CreatedAt) >= a.h.lease/renewFraction {

@@ -365,7 +365,7 @@ func (m *keyModel) checkRequest(res *histResult) {
 		case "unreplayable":
 			allowed = m.recorded(res, s, e, same, classTruncated)
 		case "store-unavailable":
-			allowed = failed && !m.run.h.route.failOpen
+			allowed = (failed || m.withdrawalPending(res)) && !m.run.h.route.failOpen
 		}
 		if !allowed {
 			m.fail("%s: refused with %s, which nothing before it allows (invariant 4)", who, res.problem)
@@ -398,6 +398,20 @@ func (m *keyModel) heldOther(res *histResult, b binding, from, to time.Duration)
 func (m *keyModel) concurrentHere(res *histResult) bool {
 	for _, p := range m.run.results {
 		if p.key == res.key && p != res && p.sent <= res.done && (p.done >= res.sent || m.died(p.req.instance, p.sent, p.done)) {
+			return true
+		}
+	}
+	return false
+}
+
+// withdrawalPending reports whether a claim of res's key, sent earlier
+// through res's instance, may not be withdrawn yet: its request never ran,
+// and the store failed under it. Until the store takes the withdrawal, the
+// instance claims the key for no request of it (503).
+func (m *keyModel) withdrawalPending(res *histResult) bool {
+	for _, p := range m.run.results {
+		if p.key == res.key && p != res && p.req.instance == res.req.instance && m.byReq[p.id] == nil &&
+			p.sent <= res.sent && m.storeFailed(p.req.instance, p.sent, p.done) {
 			return true
 		}
 	}

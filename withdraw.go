@@ -97,22 +97,41 @@ func (p *pendingWithdrawals) add(w *withdrawal, m *metrics) {
 }
 
 // land tries, before a request of key claims it, the withdrawals of key's
-// earlier claims, so that the request never finds one of them. Each try
-// waits at most landWait: a store that does not answer it will not answer
-// the claim either, which then fails as it would have.
-func (p *pendingWithdrawals) land(ctx context.Context, key store.Key) {
+// earlier claims, so that the request never finds one of them, and reports
+// whether all have landed. It tries for at most landWait: a store that
+// takes no withdrawal meanwhile is failing, and the request is not to
+// claim the key until it does (errWithdrawalPending), or the claim could
+// land after the store came back, and find the earlier one, its lease
+// passed, as a dead owner's.
+func (p *pendingWithdrawals) land(ctx context.Context, key store.Key) bool {
 	if p.n.Load() == 0 {
-		return
+		return true
 	}
-	p.mu.Lock()
-	ws := append([]*withdrawal(nil), p.byKey[key]...)
-	p.mu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, landWait)
 	defer cancel()
-	for _, w := range ws {
-		p.tryHeld(ctx, w)
+	for {
+		p.mu.Lock()
+		ws := append([]*withdrawal(nil), p.byKey[key]...)
+		p.mu.Unlock()
+		switch {
+		case len(ws) == 0:
+			return true
+		case ctx.Err() != nil:
+			return false
+		}
+		for _, w := range ws {
+			p.tryHeld(ctx, w)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(firstWithdrawPause):
+		}
 	}
 }
+
+// errWithdrawalPending is acquire's answer when an earlier claim of the
+// key, which the store failed, is not withdrawn yet.
+var errWithdrawalPending = store.Unavailable("acquiring", errors.New("an earlier claim of the key, which the store failed, is not withdrawn yet"))
 
 // loop tries the withdrawals that are due, until none is left.
 func (p *pendingWithdrawals) loop() {

@@ -1,9 +1,12 @@
 package idempotency
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -12,6 +15,7 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/app"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/faultproxy"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/testredis"
+	"github.com/caddy-idempotency/caddy-idempotency/store"
 )
 
 // A claim that reached the store while its reply was lost answered its
@@ -55,4 +59,53 @@ func TestClaimOfA503NeverBecomesUnknown(t *testing.T) {
 	if n := b.runs.Load(); n != 3 { // the warm-up and the two retries
 		t.Errorf("the upstream ran %d times, want 3", n)
 	}
+}
+
+// A retry through the same instance, while the store still refuses the
+// withdrawal of its key's earlier claim, is not claimed: once the store
+// answers again, that claim, its lease passed, would be taken for a dead
+// owner's, and with keep answer 502 although nothing ran (found by the
+// history suite: the store came back in time to take the retry's claim,
+// after the retry had given up landing the withdrawal).
+func TestRetryWaitsForTheWithdrawal(t *testing.T) {
+	h := provision(t, json.RawMessage(`{"module":"memory"}`), func(h *Handler) {
+		h.LockTimeout = caddy.Duration(time.Second)
+		h.OnUnknownOutcome = app.UnknownKeep
+	})
+	lossy := &lossyStore{Store: h.store}
+	h.store, h.leases.store = lossy, lossy
+	b := &backend{}
+	lossy.loseReply.Store(true)
+	lossy.refuseRelease.Store(true)
+	wantProblem(t, do(h, b, post("/pay", "lost", `{"amount":100}`)), http.StatusServiceUnavailable, "Idempotency store unavailable")
+	time.Sleep(1200 * time.Millisecond) // the claim's lease passes
+
+	wantProblem(t, do(h, b, post("/pay", "lost", `{"amount":100}`)), http.StatusServiceUnavailable, "Idempotency store unavailable")
+	lossy.refuseRelease.Store(false)
+	wantStatus(t, do(h, b, post("/pay", "lost", `{"amount":100}`)), http.StatusCreated)
+	if n := b.runs.Load(); n != 1 {
+		t.Errorf("the upstream ran %d times, want 1", n)
+	}
+}
+
+// lossyStore loses the reply of one claim that it takes, and refuses
+// releases, as a store whose link fails would.
+type lossyStore struct {
+	store.Store
+	loseReply, refuseRelease atomic.Bool
+}
+
+func (s *lossyStore) Acquire(ctx context.Context, k store.Key, c *store.Claim) (store.Acquired, error) {
+	got, err := s.Store.Acquire(ctx, k, c)
+	if err == nil && s.loseReply.Swap(false) {
+		return store.Acquired{}, store.Unavailable("acquiring", errors.New("the reply was lost"))
+	}
+	return got, err
+}
+
+func (s *lossyStore) Release(ctx context.Context, k store.Key, tok store.Token) error {
+	if s.refuseRelease.Load() {
+		return store.Unavailable("releasing", errors.New("the store does not answer"))
+	}
+	return s.Store.Release(ctx, k, tok)
 }
