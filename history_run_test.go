@@ -188,7 +188,11 @@ func (k killable) Complete(ctx context.Context, key store.Key, c *store.Claim, r
 
 func (k killable) Release(ctx context.Context, key store.Key, tok store.Token) error {
 	if !k.enter() {
-		return store.Unavailable("releasing", errDeadProcess)
+		// Settled, as far as the handler can tell: a dead process's
+		// withdrawals die with it, but in the test's one process they
+		// would stay in the process-wide list, and hold back the claims
+		// of the process that took its place. The store is not touched.
+		return nil
 	}
 	defer k.leave(time.Now())
 	return k.Store.Release(ctx, key, tok)
