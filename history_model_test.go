@@ -404,13 +404,15 @@ func (m *keyModel) concurrentHere(res *histResult) bool {
 	return false
 }
 
-// withdrawalPending reports whether a claim of res's key, sent earlier
-// through res's instance, may not be withdrawn yet: its request never ran,
-// and the store failed under it. Until the store takes the withdrawal, the
-// instance claims the key for no request of it (503).
+// withdrawalPending reports whether a claim of res's key, sent earlier,
+// may not be withdrawn yet: its request never ran, and the store failed
+// under it. Until the store takes the withdrawal, the process claims the
+// key for no request of it (503). Every instance of a history plays in the
+// test's one process, so they share its withdrawals, as two routes of one
+// Caddy do.
 func (m *keyModel) withdrawalPending(res *histResult) bool {
 	for _, p := range m.run.results {
-		if p.key == res.key && p != res && p.req.instance == res.req.instance && m.byReq[p.id] == nil &&
+		if p.key == res.key && p != res && m.byReq[p.id] == nil &&
 			p.sent <= res.sent && m.storeFailed(p.req.instance, p.sent, p.done) {
 			return true
 		}
